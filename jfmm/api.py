@@ -1,0 +1,237 @@
+"""Public calls: direct(), fmm(), plan() and the Plan pytree."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jfmm import fmm as _fmm
+from jfmm import kernels as _kernels
+from jfmm import tree as _tree
+from jfmm.ops import p2p
+
+DEFAULT_LEAF_SIZE = {2: 64, 3: 64}
+
+
+# ------------------------------------------------------------------ checks
+
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_kernel(kernel):
+    if not isinstance(kernel, _kernels.Kernel):
+        raise TypeError(f"kernel must be a jfmm.kernels.Kernel, got {type(kernel).__name__}")
+
+
+def _check_points(name: str, x, dims):
+    x = jnp.asarray(x)
+    if x.ndim != 2 or x.shape[1] not in dims:
+        want = " or ".join(f"(n, {d})" for d in dims)
+        raise ValueError(f"{name} must have shape {want}, got {x.shape}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} is empty; pass at least one point")
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+        raise TypeError(f"{name} must be real numbers, got dtype {x.dtype}")
+    if _concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
+        raise ValueError(f"{name} contains NaN or inf coordinates")
+    return x
+
+
+def _prepare(sources, charges, targets, kernel):
+    """Validate and cast. Returns (sources, charges (N, K), targets | None, squeeze)."""
+    _check_kernel(kernel)
+    sources = _check_points("sources", sources, kernel.dims)
+    if targets is not None:
+        targets = _check_points("targets", targets, kernel.dims)
+        if targets.shape[1] != sources.shape[1]:
+            raise ValueError(f"sources are {sources.shape[1]}D but targets are "
+                             f"{targets.shape[1]}D")
+    charges = jnp.asarray(charges)
+    if charges.ndim not in (1, 2) or charges.shape[0] != sources.shape[0]:
+        raise ValueError(f"charges must have shape ({sources.shape[0]},) or "
+                         f"({sources.shape[0]}, k) to match sources, got {charges.shape}")
+    args = [sources, charges] + ([] if targets is None else [targets])
+    dtype = jnp.result_type(*args, 0.0)
+    if not jnp.issubdtype(dtype, jnp.floating) or dtype.itemsize < 4:
+        dtype = jnp.result_type(jnp.float32, 0.0)
+    squeeze = charges.ndim == 1
+    charges = charges.astype(dtype)
+    if squeeze:
+        charges = charges[:, None]
+    sources = sources.astype(dtype)
+    targets = None if targets is None else targets.astype(dtype)
+    return sources, charges, targets, squeeze
+
+
+def _check_eps(eps):
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+        raise TypeError(f"eps must be a Python float (it is static), got {type(eps).__name__}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+
+
+def _finish(phi, grad, squeeze: bool, gradient: bool):
+    if squeeze:
+        phi = phi[:, 0]
+        grad = None if grad is None else grad[:, 0]
+    return (phi, grad) if gradient else phi
+
+
+# ------------------------------------------------------------------ direct
+
+@functools.partial(jax.jit, static_argnames=("gradient",))
+def _direct(sources, charges, targets, kernel, gradient):
+    return p2p.dense(kernel, targets, sources, charges, gradient)
+
+
+def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient=False):
+    """Exact sum phi(y_j) = sum_i q_i K(|y_j - x_i|), tiled.
+
+    sources (N, d); charges (N,) or (N, k); targets (M, d) or None for the
+    sources themselves. Returns phi (M,) or (M, k), and with gradient=True
+    also grad (M, d) or (M, k, d), the gradient with respect to the target.
+    Memory O((N + M) tile); O(N M) work.
+    """
+    sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
+    phi, grad = _direct(sources, charges, sources if targets is None else targets,
+                        kernel, gradient)
+    return _finish(phi, grad, squeeze, gradient)
+
+
+# ------------------------------------------------------------------ fmm
+
+def _order(kernel, dim, eps, dtype, order):
+    family = _fmm.family_for(kernel, dim)
+    if order is None:
+        return family.order(eps, dtype)
+    if not isinstance(order, numbers.Integral) or not 1 <= order <= family.MAX_ORDER:
+        raise ValueError(f"order must be an int in [1, {family.MAX_ORDER}], got {order!r}")
+    return int(order)
+
+
+@functools.partial(jax.jit, static_argnames=("p", "depth", "gradient"))
+def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient):
+    tree = _tree.build(sources, targets, depth)
+    family = _fmm.family_for(kernel, tree.dim)
+    ops = _fmm.operators(family, p, tree.dim, sources.dtype) if depth >= 2 else None
+    return _fmm.evaluate(tree, charges, kernel, family, p, ops, gradient)
+
+
+def _depth(n_src, n_tgt, dim, leaf_size):
+    leaf = DEFAULT_LEAF_SIZE[dim] if leaf_size is None else int(leaf_size)
+    if leaf < 1:
+        raise ValueError(f"leaf_size must be >= 1, got {leaf_size}")
+    return _tree.choose_depth(max(n_src, n_tgt), dim, leaf)
+
+
+def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=1e-6,
+        gradient=False, *, leaf_size=None, order=None):
+    """Fast multipole sum phi(y_j) = sum_i q_i K(|y_j - x_i|).
+
+    Same arguments and shapes as `direct`, plus eps, the requested relative
+    L2 error of phi over the targets (the order is chosen from eps, kernel
+    and dtype; an eps the dtype cannot reach raises ValueError), leaf_size,
+    the mean points per leaf the tree depth aims at, and order, which
+    overrides the expansion order chosen from eps.
+
+    jit-able with eps, gradient, leaf_size and the kernel's structure static;
+    array sizes follow from input shapes alone, so no input of given shapes
+    can overflow anything. Non-finite coordinates raise eagerly and give NaN
+    results under jit.
+    """
+    _check_eps(eps)
+    sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
+    dim = sources.shape[1]
+    n_tgt = sources.shape[0] if targets is None else targets.shape[0]
+    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size)
+    p = _order(kernel, dim, eps, sources.dtype, order)
+    phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient)
+    return _finish(phi, grad, squeeze, gradient)
+
+
+# ------------------------------------------------------------------ plan
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["tree", "kernel", "ops"],
+                   meta_fields=["p", "eps"])
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A built tree plus operators, to apply to many charge vectors.
+
+    Static (changing them recompiles): p, eps, and the tree's depth and dim.
+    Arrays: the tree, the kernel's parameters, the translation operators.
+
+    overflow: always False for the uniform-depth tree, which has no capacity
+    that data can exceed; the field is part of the Plan contract so that
+    adaptive trees (capacities sized from data) can report an overflow.
+    """
+    tree: _tree.Tree
+    kernel: _kernels.Kernel
+    ops: object
+    p: int
+    eps: float
+
+    @property
+    def overflow(self):
+        return jnp.zeros((), bool)
+
+    def apply(self, charges, gradient=False):
+        """phi (and grad) for charges (N,) or (N, k); see `fmm`."""
+        charges = jnp.asarray(charges)
+        n = self.tree.src_perm.shape[0]
+        if charges.ndim not in (1, 2) or charges.shape[0] != n:
+            raise ValueError(f"charges must have shape ({n},) or ({n}, k), got {charges.shape}")
+        squeeze = charges.ndim == 1
+        charges = charges.astype(self.tree.src_sorted.dtype)
+        if squeeze:
+            charges = charges[:, None]
+        phi, grad = _apply_jit(self, charges, gradient)
+        return _finish(phi, grad, squeeze, gradient)
+
+    def update(self, sources, targets=None):
+        """Rebuild the tree for new points of the same shapes (jit-able)."""
+        sources = _check_points("sources", sources, self.kernel.dims)
+        if sources.shape != self.tree.src_sorted.shape:
+            raise ValueError(f"update needs sources of shape {self.tree.src_sorted.shape}, "
+                             f"got {sources.shape}")
+        if targets is not None:
+            targets = _check_points("targets", targets, self.kernel.dims)
+            if targets.shape != self.tree.tgt_sorted.shape:
+                raise ValueError(f"update needs targets of shape {self.tree.tgt_sorted.shape}, "
+                                 f"got {targets.shape}")
+        dtype = self.tree.src_sorted.dtype
+        tree = _build_jit(sources.astype(dtype),
+                          None if targets is None else targets.astype(dtype), self.tree.depth)
+        return dataclasses.replace(self, tree=tree)
+
+
+@functools.partial(jax.jit, static_argnames=("gradient",))
+def _apply_jit(plan_, charges, gradient):
+    family = _fmm.family_for(plan_.kernel, plan_.tree.dim)
+    return _fmm.evaluate(plan_.tree, charges, plan_.kernel, family, plan_.p, plan_.ops,
+                         gradient)
+
+
+_build_jit = jax.jit(_tree.build, static_argnames=("depth",))
+
+
+def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=1e-6, *, leaf_size=None,
+         order=None):
+    """Build the tree and operators once; see `Plan.apply` and `Plan.update`."""
+    _check_eps(eps)
+    dummy = jnp.zeros(jnp.shape(sources)[:1])
+    sources, _, targets, _ = _prepare(sources, dummy, targets, kernel)
+    dim = sources.shape[1]
+    n_tgt = sources.shape[0] if targets is None else targets.shape[0]
+    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size)
+    p = _order(kernel, dim, eps, sources.dtype, order)
+    tree = _build_jit(sources, targets, depth)
+    ops = None
+    if depth >= 2:
+        ops = _fmm.operators(_fmm.family_for(kernel, dim), p, dim, sources.dtype)
+    return Plan(tree, kernel, ops, p, eps)

@@ -1,0 +1,81 @@
+"""The FMM passes, written once against the expansion-family interface.
+
+    upward     P2M at the leaves, M2M up to level 2
+    downward   M2L at every level >= 2, L2L down to the leaves
+    evaluate   L2P at the targets plus P2P over near-neighbour leaves
+
+All arrays follow the tree's Morton order; results come back in the caller's
+target order. Levels 0 and 1 hold no well-separated pairs, so a tree of depth
+< 2 is pure near field.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jfmm import kernels
+from jfmm.ops import laplace3d, p2p, translate
+from jfmm.tree import Tree, lists
+
+
+def family_for(kernel: kernels.Kernel, dim: int):
+    """The expansion family that sums `kernel` in `dim` dimensions."""
+    if isinstance(kernel, kernels.Laplace3D) and dim == 3:
+        return laplace3d
+    raise NotImplementedError(
+        f"no expansion family for {type(kernel).__name__} in {dim}D yet; "
+        "use jfmm.direct for this kernel")
+
+
+def operators(family, p: int, dim: int, dtype):
+    """Translation operators of `family` at order p (level independent)."""
+    return family.operators(p, lists.m2l_offsets(dim), dtype)
+
+
+def upward(tree: Tree, q_sorted, family, ops, p: int):
+    """Multipoles per level: {level: (2^(d*level), K, P)} for levels >= 2."""
+    h = tree.box_side(tree.depth)
+    u = (tree.src_sorted - tree.leaf_centers(tree.src_leaf)) / h
+    contrib = family.p2m(u, q_sorted, p)
+    mult = {tree.depth: jax.ops.segment_sum(contrib, tree.src_leaf, tree.n_leaves,
+                                            indices_are_sorted=True)}
+    for level in range(tree.depth, 2, -1):
+        mult[level - 1] = translate.m2m(mult[level], ops.m2m)
+    return mult
+
+
+def downward(tree: Tree, mult, ops):
+    """Local expansions of the leaves: (n_leaves, K, P)."""
+    loc = None
+    for level in range(2, tree.depth + 1):
+        far = translate.m2l(mult[level], level, ops.m2l, tree.dim)
+        loc = far if loc is None else translate.l2l(loc, ops.l2l) + far
+    return loc
+
+
+def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
+             gradient: bool):
+    """phi (M, K) and grad (M, K, d) or None at the targets, caller's order.
+
+    charges: (N, K) in the caller's source order; family: the expansion
+    family (see jfmm.ops) with its operators `ops` at order p, unused when
+    the tree is shallower than 2.
+    """
+    q_sorted = charges[tree.src_perm]
+    near = lists.neighbors(tree.depth, tree.dim)
+    phi, grad = p2p.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
+                               q_sorted, tree.src_start, near, gradient)
+    if tree.depth >= 2:
+        loc = downward(tree, upward(tree, q_sorted, family, ops, p), ops)
+        h = tree.box_side(tree.depth)
+        u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
+        fphi, fgrad = family.l2p(u, loc[tree.tgt_leaf], h, p, gradient)
+        phi = phi + fphi
+        grad = grad + fgrad if gradient else None
+    inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(
+        jnp.arange(tree.tgt_perm.shape[0], dtype=tree.tgt_perm.dtype))
+    nan = jnp.asarray(jnp.nan, phi.dtype)
+    phi = jnp.where(tree.finite, phi[inv], nan)
+    if gradient:
+        grad = jnp.where(tree.finite, grad[inv], nan)
+    return phi, grad

@@ -1,0 +1,342 @@
+"""3D Laplace expansions in a real solid-harmonic basis (1/|r|, no 1/(4 pi)).
+
+Convention (Dehnen-type normalisation; identities checked numerically in
+tests/ops/test_laplace3d.py). For m >= 0,
+
+    Y_n^m(x) = (-i)^m r^n P_n^m(cos t) e^{i m phi} / (n + m)!        (regular)
+    T_n^m(x) = (-i)^m (n - m)! P_n^m(cos t) e^{i m phi} / r^(n + 1)  (irregular)
+
+with P_n^m the associated Legendre function without the Condon-Shortley
+phase, and Y_n^{-m} = (-1)^m conj(Y_n^m), likewise T. In this normalisation
+the addition theorems carry no sign factors:
+
+    1 / |x - y|    = sum_{n,m} conj(Y_n^m(y)) T_n^m(x)            |y| < |x|
+    Y_n^m(x + y)   = sum_{k,l} Y_k^l(x) Y_{n-k}^{m-l}(y)
+    T_n^m(x - y)   = sum_{k,l} conj(Y_k^l(y)) T_{n+k}^{m+l}(x)    |y| < |x|
+
+Both families come from trig-free recurrences in x, y, z (the
+REFERENCES.md recurrences up to the phase (-1)^n i^m):
+
+    Y_m^m = (y - i x) / (2m) Y_{m-1}^{m-1}
+    Y_n^m = ((2n - 1) z Y_{n-1}^m - r^2 Y_{n-2}^m) / ((n + m)(n - m))
+    T_m^m = (2m - 1) (y - i x) / r^2 T_{m-1}^{m-1}
+    T_n^m = ((2n - 1) z T_{n-1}^m - ((n - 1)^2 - m^2) T_{n-2}^m) / r^2
+
+Coefficients are stored as p^2 reals: for each degree n, Re of m = 0, then
+(Re, Im) of m = 1..n; index n^2 + (0 | 2m - 1 | 2m). Negative m follow from
+the symmetry above.
+
+Scaled expansions (box side h, box-local coordinates u = (x - centre) / h)
+keep every coefficient O(1) in float32 and make all translation operators
+independent of the level:
+
+    multipole  M_n^m = sum_i q_i conj(Y_n^m(u_i))
+    local      phi(y) = (1/h) sum_{n,m} L_n^m conj(Y_n^m(u)),  u = (y - w) / h
+    M2L        L_k^l = (-1)^k sum_{j,s} M_j^s T_{j+k}^{s+l}(t),  t = (w - z) / h
+    M2M        M_n^m(parent) = sum_{k,l} 2^-k M_k^l(child) conj(Y_{n-k}^{m-l}(d))
+    L2L        L_a^b(child) = 2^-(a+1) sum_{k,l} L_k^l(parent) conj(Y_{k-a}^{l-b}(d))
+
+where d = (child centre - parent centre) / (parent side).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jfmm.tree import lists
+
+DIM = 3
+
+
+def n_coef(p: int) -> int:
+    """Number of real coefficients of an order-p expansion (degrees 0..p-1)."""
+    return p * p
+
+
+def _index(n: int, m: int, part: int) -> int:
+    """Flat index of (degree n, order m >= 0, part 0=Re 1=Im)."""
+    return n * n + (0 if m == 0 else 2 * m - 1 + part)
+
+
+def _harmonics(x, p: int, irregular: bool):
+    """Regular (Y) or irregular (T) solid harmonics in the real layout.
+
+    x: (..., 3). Returns (..., p^2) holding Re/Im of Y_n^m or T_n^m, m >= 0.
+    Trig-free recurrences (module docstring); the r^2 of the irregular
+    recurrence is never zero because callers only evaluate T away from 0.
+    """
+    x0, x1, x2 = x[..., 0], x[..., 1], x[..., 2]
+    r2 = x0 * x0 + x1 * x1 + x2 * x2
+    if irregular:
+        inv_r2 = 1.0 / r2
+        diag_re, diag_im = jnp.sqrt(inv_r2), jnp.zeros_like(r2)
+    else:
+        diag_re, diag_im = jnp.ones_like(r2), jnp.zeros_like(r2)
+    re = [[None] * p for _ in range(p)]  # re[n][m]
+    im = [[None] * p for _ in range(p)]
+    for m in range(p):
+        if m > 0:
+            # (y - i x) * (a + i b) = (y a + x b) + i (y b - x a)
+            f = (2 * m - 1) * inv_r2 if irregular else 1.0 / (2 * m)
+            diag_re, diag_im = (f * (x1 * diag_re + x0 * diag_im),
+                                f * (x1 * diag_im - x0 * diag_re))
+        re[m][m], im[m][m] = diag_re, diag_im
+        for n in range(m + 1, p):
+            if irregular:
+                a = (2 * n - 1) * x2 * inv_r2
+                b = ((n - 1) ** 2 - m * m) * inv_r2
+            else:
+                a = (2 * n - 1) * x2 / ((n + m) * (n - m))
+                b = r2 / ((n + m) * (n - m))
+            if n == m + 1:
+                re[n][m], im[n][m] = a * re[n - 1][m], a * im[n - 1][m]
+            else:
+                re[n][m] = a * re[n - 1][m] - b * re[n - 2][m]
+                im[n][m] = a * im[n - 1][m] - b * im[n - 2][m]
+    parts = []
+    for n in range(p):
+        parts.append(re[n][0])
+        for m in range(1, n + 1):
+            parts += [re[n][m], im[n][m]]
+    return jnp.stack(parts, axis=-1)
+
+
+def regular(x, p: int):
+    """Y_n^m(x), n < p, in the real layout. x: (..., 3) -> (..., p^2)."""
+    return _harmonics(x, p, irregular=False)
+
+
+def irregular(x, p: int):
+    """T_n^m(x), n < p, in the real layout. x: (..., 3), x != 0 -> (..., p^2)."""
+    return _harmonics(x, p, irregular=True)
+
+
+def _conj_sign(p: int) -> np.ndarray:
+    """+1 on real parts, -1 on imaginary parts: conj in the real layout."""
+    s = np.ones(p * p)
+    for n in range(p):
+        for m in range(1, n + 1):
+            s[_index(n, m, 1)] = -1.0
+    return s
+
+
+def _pair_weight(p: int) -> np.ndarray:
+    """w with sum_{n,m=-n..n} A_n^m conj(B_n^m) = sum_i w_i a_i b_i for
+    coefficient sets with the real-expansion symmetry (1 on m = 0, 2 else)."""
+    w = 2.0 * np.ones(p * p)
+    for n in range(p):
+        w[n * n] = 1.0
+    return w
+
+
+# ---------------------------------------------------------------- operators
+#
+# Every translation has the form out_n^m = sum_{k,l} c(n, k) in_k^l g(h),
+# with g = H_a^b or conj(H_a^b) for a harmonic table H of the shift vector,
+# a and b linear in (n, m, k, l). Folding in_k^{-l} = (-1)^l conj(in_k^l)
+# and H^{-b} = (-1)^b conj(H^b) turns it into a real p^2 x p^2 matrix whose
+# every entry is c1 * h[i1] + c2 * h[i2], h being H in the real layout with a
+# trailing zero. The (i, c) tables depend on p alone and are built once.
+
+
+def _h_part(a: int, b: int, want_im: bool, conj: bool, size: int):
+    """(index into real-layout H, sign) giving Re/Im of (conj?) H_a^b."""
+    if a < 0 or abs(b) > a:
+        return size, 0.0  # zero slot
+    sign = 1.0
+    if b < 0:  # H^{-b} = (-1)^b conj(H^b)
+        sign = (-1.0) ** b
+        conj = not conj
+        b = -b
+    if not want_im:
+        return _index(a, b, 0), sign
+    if b == 0:
+        return size, 0.0
+    return _index(a, b, 1), (-sign if conj else sign)
+
+
+@functools.lru_cache(maxsize=None)
+def _translation_tables(p: int, kind: str):
+    """Static gather tables (i1, c1, i2, c2), each (p^2, p^2), for one kind.
+
+    kind: 'm2m' | 'l2l' | 'm2l'. The source table H has orders < p for
+    m2m/l2l (regular) and < 2p - 1 for m2l (irregular).
+    """
+    q = 2 * p - 1 if kind == "m2l" else p
+    size = q * q
+    P = p * p
+    idx = np.full((2, P, P), size, np.int32)
+    coef = np.zeros((2, P, P))
+
+    def g(n, m, k, l):
+        """(c, a, b, conj) for the complex coefficient of in_k^l in out_n^m."""
+        if kind == "m2m":
+            return 2.0 ** -k, n - k, m - l, True
+        if kind == "l2l":
+            return 2.0 ** -(n + 1), k - n, l - m, True
+        return (-1.0) ** n, k + n, l + m, False  # m2l: out index (n,m) <- in (k,l)
+
+    def add(slot, row, col, term, scale):
+        c, a, b, conj = term
+        want_im = slot[1]
+        i, s = _h_part(a, b, want_im, conj, size)
+        if s == 0.0 or c * scale == 0.0:
+            return
+        k = 0 if idx[0, row, col] == size else 1
+        if k == 1 and idx[1, row, col] != size:
+            raise AssertionError("more than two terms")  # cannot happen
+        idx[k, row, col] = i
+        coef[k, row, col] = c * s * scale
+
+    for n in range(p):
+        for m in range(n + 1):
+            for k in range(p):
+                for l in range(k + 1):
+                    gp = g(n, m, k, l)
+                    gm = g(n, m, k, -l)
+                    sl = (-1.0) ** l
+                    rows = [(0, _index(n, m, 0))] + ([(1, _index(n, m, 1))] if m else [])
+                    for out_im, row in rows:
+                        a_col = _index(k, l, 0)
+                        if l == 0:
+                            # Re out += gr a ; Im out += gi a
+                            add((None, out_im), row, a_col, gp, 1.0)
+                            continue
+                        b_col = _index(k, l, 1)
+                        if not out_im:
+                            # Re: a (gr + g'r) + b (-gi + g'i), g' = (-1)^l g(m,-l)
+                            add((None, False), row, a_col, gp, 1.0)
+                            add((None, False), row, a_col, gm, sl)
+                            add((None, True), row, b_col, gp, -1.0)
+                            add((None, True), row, b_col, gm, sl)
+                        else:
+                            # Im: a (gi + g'i) + b (gr - g'r)
+                            add((None, True), row, a_col, gp, 1.0)
+                            add((None, True), row, a_col, gm, sl)
+                            add((None, False), row, b_col, gp, 1.0)
+                            add((None, False), row, b_col, gm, -sl)
+    return idx, coef
+
+
+def _apply_tables(h, p: int, kind: str):
+    """Real translation matrices from harmonic tables.
+
+    h: (..., q^2) real-layout harmonics of the shift vectors.
+    Returns (..., p^2, p^2) matrices acting on coefficient vectors (out = A @ in).
+    """
+    idx, coef = _translation_tables(p, kind)
+    hz = jnp.concatenate([h, jnp.zeros(h.shape[:-1] + (1,), h.dtype)], axis=-1)
+    c = jnp.asarray(coef, h.dtype)
+    return hz[..., idx[0]] * c[0] + hz[..., idx[1]] * c[1]
+
+
+class Operators(NamedTuple):
+    """Precomputed translation matrices for one order p (level independent).
+
+    m2m: (2^d, P, P)    child multipole -> parent multipole, per child slot
+    l2l: (2^d, P, P)    parent local -> child local, per child slot
+    m2l: (n_off + 1, P, P) source multipole -> target local, per M2L offset
+                        (offsets in target-box sides); the last one is zero.
+    """
+    m2m: jax.Array
+    l2l: jax.Array
+    m2l: jax.Array
+
+
+def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
+    """Build the translation operators for order p.
+
+    m2l_offsets: (n_off, 3) integer offsets (source centre minus target
+    centre, in box sides). The M2L shift vector is t = target - source.
+    Built in float64 where available, then cast, so float32 operators are
+    correctly rounded.
+    """
+    work = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    d = jnp.asarray((lists.child_bits(DIM) - 0.5) / 2.0, work)  # child centre - parent centre, in parent sides
+    m2m = _apply_tables(regular(d, p), p, "m2m")
+    l2l = _apply_tables(regular(d, p), p, "l2l")
+    t = -jnp.asarray(m2l_offsets, work)
+    m2l = _apply_tables(irregular(t, 2 * p - 1), p, "m2l")
+    m2l = jnp.concatenate([m2l, jnp.zeros((1, p * p, p * p), work)], axis=0)
+    return Operators(m2m.astype(dtype), l2l.astype(dtype), m2l.astype(dtype))
+
+
+def p2m(u, q, p: int):
+    """Multipole coefficients of point charges.
+
+    u: (n, 3) box-local scaled positions (x - centre) / h; q: (n, K).
+    Returns (n, K, p^2) per-point contributions (sum them per box).
+    """
+    y = regular(u, p) * jnp.asarray(_conj_sign(p), u.dtype)
+    return q[:, :, None] * y[:, None, :]
+
+
+def l2p(u, loc, h, p: int, gradient: bool):
+    """Evaluate local expansions at targets.
+
+    u: (n, 3) scaled target positions (y - centre) / h; loc: (n, K, p^2);
+    h: (n,) or scalar box side. Returns phi (n, K) and, if gradient,
+    grad (n, K, 3) = d phi / d y.
+    """
+    w = jnp.asarray(_pair_weight(p), u.dtype)
+    lw = loc * w
+
+    def f(v):
+        return jnp.einsum("nkp,np->nk", lw, regular(v, p),
+                          precision=jax.lax.Precision.HIGHEST)
+
+    h = jnp.asarray(h, u.dtype)
+    hk = h[..., None] if jnp.ndim(h) else h
+    phi = f(u) / hk
+    if not gradient:
+        return phi, None
+    eye = jnp.eye(3, dtype=u.dtype)
+    grads = [jax.jvp(f, (u,), (jnp.broadcast_to(eye[a], u.shape),))[1] for a in range(3)]
+    grad = jnp.stack(grads, axis=-1) / (hk * hk)[..., None]
+    return phi, grad
+
+
+def m2p(u, mult, h, p: int):
+    """Evaluate multipole expansions at far points (used in checks).
+
+    u: (n, 3) scaled positions (y - centre) / h, |u| > box radius;
+    mult: (n, K, p^2). Returns phi (n, K).
+    """
+    w = jnp.asarray(_pair_weight(p) * _conj_sign(p), u.dtype)
+    # sum_{n,m} M T = sum w_i * M_i * conj-signed T_i, T/h scaled by h^-(n+1) / h^-n
+    return jnp.einsum("nkp,np->nk", mult * w, irregular(u, p),
+                      precision=jax.lax.Precision.HIGHEST) / h
+
+
+# Measured relative L2 error of the potential (float64, N = 20,000, worst of
+# uniform cube, sphere surface and clusters, ~39 points per leaf) per order p;
+# see docs/BENCHMARKS.md. `order` takes the smallest p whose error is below
+# eps with a safety factor of 3.
+_ERROR_BY_ORDER = {}
+
+# Below these eps the dtype's rounding, not the order, sets the error.
+EPS_FLOOR = {"float32": 1e-6, "float64": 1e-13}
+
+
+def order(eps: float, dtype) -> int:
+    """Expansion order p for a requested relative L2 error eps.
+
+    Raises ValueError if eps is below what `dtype` can reach.
+    """
+    name = jnp.dtype(dtype).name
+    floor = EPS_FLOOR[name]
+    if eps < floor:
+        hint = "; use float64 inputs with jax_enable_x64" if name == "float32" else ""
+        raise ValueError(f"eps={eps:g} is below what {name} reaches (about {floor:g}){hint}")
+    for p in sorted(_ERROR_BY_ORDER):
+        if 3 * _ERROR_BY_ORDER[p] <= eps:
+            return p
+    return max(_ERROR_BY_ORDER, default=MAX_ORDER)
+
+
+MAX_ORDER = 30

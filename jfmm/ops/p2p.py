@@ -1,0 +1,161 @@
+"""Direct particle-to-particle interactions for any radial kernel (jnp).
+
+The tile function `pairwise` is the specification that a Pallas kernel of
+the same signature must match. `dense` sums all pairs; `near_field` sums the
+pairs of neighbouring leaves of a tree. Both keep memory at
+O((N + M) + tile^2) per mapped tile and handle any leaf occupancy: targets
+are cut into leaf-aligned tiles, and each tile walks its neighbours' source
+ranges in chunks with a loop whose trip count is data-dependent, so nothing
+is sized by the data.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jfmm.kernels import Kernel
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
+    """Sum over a tile of sources for a tile of targets.
+
+    y: (T, d) targets; x: (S, d) sources; q: (S, K) charges;
+    mask: (S,) bool, sources to include. Returns phi (T, K) and, if
+    gradient, grad (T, K, d) = d phi / d y. Singular kernels skip r = 0.
+    """
+    diff = y[:, None, :] - x[None, :, :]
+    r2 = jnp.sum(diff * diff, axis=-1)
+    live = mask[None, :]
+    if kernel.singular:
+        live = live & (r2 > 0)
+    safe_r2 = jnp.where(r2 > 0, r2, 1.0)
+    r = jnp.where(r2 > 0, jnp.sqrt(safe_r2), 0.0)
+    r_eval = jnp.where(live, r, 1.0) if kernel.singular else r
+    if gradient:
+        k, dk = kernel.value_and_derivative(r_eval)
+    else:
+        k, dk = kernel.radial(r_eval), None
+    k = jnp.where(live, k, 0.0)
+    phi = jnp.einsum("ts,sk->tk", k, q, precision=HIGHEST)
+    if not gradient:
+        return phi, None
+    # d/dy K(|y - x|) = K'(r) (y - x) / r; taken as 0 at r = 0.
+    g = jnp.where(live & (r2 > 0), dk / jnp.sqrt(safe_r2), 0.0)
+    grad = jnp.einsum("tsd,sk->tkd", diff * g[..., None], q, precision=HIGHEST)
+    return phi, grad
+
+
+def _map(f, xs, batch: int):
+    """lax.map with `batch` tiles vectorised per step."""
+    return jax.lax.map(f, xs, batch_size=batch)
+
+
+def default_batch(n_tiles: int) -> int:
+    """Tiles per mapped step: all at once on accelerators, a few on CPU
+    (a vectorised data-dependent loop runs to the largest trip count)."""
+    if jax.default_backend() == "cpu":
+        return max(1, min(n_tiles, 4))
+    return max(1, n_tiles)
+
+
+def _pad(a, n):
+    return jnp.concatenate([a, jnp.zeros((n,) + a.shape[1:], a.dtype)])
+
+
+def dense(kernel: Kernel, targets, sources, charges, gradient: bool,
+          tile: int = 256, batch: int | None = None):
+    """All-pairs sum. targets (M, d), sources (N, d), charges (N, K)."""
+    m, d = targets.shape
+    n, kq = charges.shape
+    nt, ns = -(-m // tile), -(-n // tile)
+    y = _pad(targets, nt * tile - m).reshape(nt, tile, d)
+    x = _pad(sources, ns * tile - n).reshape(ns, tile, d)
+    q = _pad(charges, ns * tile - n).reshape(ns, tile, kq)
+    valid = (jnp.arange(ns * tile) < n).reshape(ns, tile)
+
+    def one_tile(yt):
+        def body(acc, src):
+            xs, qs, ms = src
+            phi, grad = pairwise(kernel, yt, xs, qs, ms, gradient)
+            return (acc[0] + phi, acc[1] + grad if gradient else None), None
+        init = (jnp.zeros((tile, kq), yt.dtype),
+                jnp.zeros((tile, kq, d), yt.dtype) if gradient else None)
+        return jax.lax.scan(body, init, (x, q, valid))[0]
+
+    phi, grad = _map(one_tile, y, batch or default_batch(nt))
+    phi = phi.reshape(nt * tile, kq)[:m]
+    grad = grad.reshape(nt * tile, kq, d)[:m] if gradient else None
+    return phi, grad
+
+
+def _tiles(tgt_start, n_tgt: int, tile: int):
+    """Leaf-aligned target tiles.
+
+    tgt_start: (nleaf + 2,) leaf ranges. A leaf of c targets gets ceil(c/tile)
+    tiles, so ceil(M/tile) + nleaf tiles always suffice. Returns per tile
+    (leaf, first target, end) with unused tiles pointing at the empty
+    sentinel leaf nleaf.
+    """
+    nleaf = tgt_start.shape[0] - 2
+    counts = tgt_start[1:nleaf + 1] - tgt_start[:nleaf]
+    per_leaf = (counts + tile - 1) // tile
+    cum = jnp.cumsum(per_leaf)
+    n_tiles = -(-n_tgt // tile) + nleaf
+    k = jnp.arange(n_tiles, dtype=jnp.int32)
+    leaf = jnp.searchsorted(cum, k, side="right").astype(jnp.int32)
+    first_tile = jnp.concatenate([cum - per_leaf, jnp.zeros(1, cum.dtype)])[leaf]
+    t0 = tgt_start[leaf] + tile * (k - first_tile)
+    t1 = jnp.minimum(t0 + tile, tgt_start[leaf + 1])
+    return leaf, t0, t1
+
+
+def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
+               near, gradient: bool, tile: int = 64, batch: int | None = None):
+    """Sum over the sources of each target leaf's near neighbours.
+
+    tgt_sorted (M, d), src_sorted (N, d), q_sorted (N, K): Morton-sorted;
+    tgt_start, src_start (nleaf + 2,): leaf ranges with an empty sentinel leaf;
+    near (nleaf, 3^d): neighbour leaves, sentinel nleaf.
+    Returns phi (M, K), grad (M, K, d) or None, in sorted target order.
+    """
+    m, d = tgt_sorted.shape
+    kq = q_sorted.shape[1]
+    leaf, t0, t1 = _tiles(tgt_start, m, tile)
+    y_pad = _pad(tgt_sorted, tile)
+    x_pad = _pad(src_sorted, tile)
+    q_pad = _pad(q_sorted, tile)
+    near = jnp.concatenate([near, jnp.full((1, near.shape[1]), near.shape[0], near.dtype)])
+
+    def one_tile(args):
+        lf, a, b = args
+        yt = jax.lax.dynamic_slice_in_dim(y_pad, a, tile)
+        nb = near[lf]
+        s0, s1 = src_start[nb], src_start[nb + 1]
+        chunks = (s1 - s0 + tile - 1) // tile
+        cum = jnp.cumsum(chunks)
+
+        def body(i, acc):
+            j = jnp.searchsorted(cum, i, side="right")
+            start = s0[j] + tile * (i - (cum[j] - chunks[j]))
+            xs = jax.lax.dynamic_slice_in_dim(x_pad, start, tile)
+            qs = jax.lax.dynamic_slice_in_dim(q_pad, start, tile)
+            ms = start + jnp.arange(tile) < s1[j]
+            phi, grad = pairwise(kernel, yt, xs, qs, ms, gradient)
+            return (acc[0] + phi, acc[1] + grad if gradient else None)
+
+        init = (jnp.zeros((tile, kq), y_pad.dtype),
+                jnp.zeros((tile, kq, d), y_pad.dtype) if gradient else None)
+        return jax.lax.fori_loop(0, cum[-1], body, init)
+
+    phi_t, grad_t = _map(one_tile, (leaf, t0, t1), batch or default_batch(leaf.shape[0]))
+    # Scatter tiles back; rows past a tile's end go to a dump row m.
+    rows = t0[:, None] + jnp.arange(tile)[None, :]
+    rows = jnp.where(rows < t1[:, None], rows, m).reshape(-1)
+    phi = jnp.zeros((m + 1, kq), phi_t.dtype).at[rows].set(phi_t.reshape(-1, kq))[:m]
+    grad = None
+    if gradient:
+        grad = jnp.zeros((m + 1, kq, d), grad_t.dtype).at[rows].set(
+            grad_t.reshape(-1, kq, d))[:m]
+    return phi, grad

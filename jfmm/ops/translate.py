@@ -1,0 +1,63 @@
+"""Expansion translations on the dense Morton grid, for any family whose
+operators are matrices (out = A @ in on the last axis).
+
+Expansions of a level are (B, K, P): B boxes in Morton order, K charge
+vectors, P coefficients. Siblings are contiguous, so M2M and L2L are one
+batched matrix product per level, and M2L gathers the children of each
+parent's near neighbours (see jfmm.tree.lists).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jfmm.tree import lists
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def m2m(child, mats):
+    """Children's multipoles (2^d B, K, P) -> parents' (B, K, P).
+
+    mats: (2^d, P, P), one operator per child slot.
+    """
+    nc = mats.shape[0]
+    c = child.reshape((-1, nc) + child.shape[1:])
+    return jnp.einsum("bckq,cpq->bkp", c, mats, precision=HIGHEST)
+
+
+def l2l(parent, mats):
+    """Parents' locals (B, K, P) -> children's (2^d B, K, P)."""
+    out = jnp.einsum("bkq,cpq->bckp", parent, mats, precision=HIGHEST)
+    return out.reshape((-1,) + out.shape[2:])
+
+
+def m2l(mult, level: int, mats, dim: int):
+    """Far-field translation at one level (level >= 2).
+
+    mult: (2^(d*level), K, P) multipoles of the level.
+    mats: (n_off + 1, P, P) operators per M2L offset (the last one zero).
+    Returns locals (2^(d*level), K, P): for each box, the sum over its M2L
+    list of the translated multipoles. Each step of the loop takes one
+    parent-neighbour position j and applies a (2^d P) x (2^d P) block to the
+    gathered children of that neighbour.
+    """
+    nc = 2 ** dim
+    nb_par = lists.neighbors(level - 1, dim)            # (B, 3^d), sentinel B
+    b = nb_par.shape[0]
+    k, p = mult.shape[1], mult.shape[2]
+    grouped = mult.reshape(b, nc, k, p)
+    grouped = jnp.concatenate([grouped, jnp.zeros((1, nc, k, p), mult.dtype)])
+    slots = lists.m2l_slots(dim)
+    keep = np.flatnonzero((slots < len(lists.m2l_offsets(dim))).any(axis=(1, 2)))
+
+    def body(acc, xs):
+        col, slot = xs
+        g = grouped[col]                                  # (B, 2^d src, K, P)
+        w = mats[slot]                                    # (2^d src, 2^d tgt, P, P)
+        return acc + jnp.einsum("bskq,scpq->bckp", g, w, precision=HIGHEST), None
+
+    init = jnp.zeros((b, nc, k, p), mult.dtype)
+    out, _ = jax.lax.scan(body, init, (nb_par.T[keep], jnp.asarray(slots[keep])))
+    return out.reshape(b * nc, k, p)

@@ -1,0 +1,136 @@
+"""Uniform-depth octree (quadtree in 2D) over sources and targets, on device.
+
+Both point sets share one root box, the smallest cube around all of them.
+Each set is sorted by the Morton key of its leaf; a leaf's points are then a
+contiguous range [start[b], start[b + 1]) of the sorted array, so "the points
+of a box" is two integers.
+
+Boxes are the dense Morton grid of each level rather than a compacted list of
+non-empty boxes: with the depth chosen from N (`choose_depth`), the static
+bound on non-empty boxes, min(N, 2^(d*level)), equals 2^(d*level) at every
+level, so compaction could not shrink any array. The dense grid needs no
+search to find a neighbour and keeps siblings contiguous (box index = Morton
+key; the children of box b are 2^d b + c, c < 2^d).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jfmm.tree import morton
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["lo", "side", "src_perm", "src_sorted", "src_start", "src_leaf",
+                 "tgt_perm", "tgt_sorted", "tgt_start", "tgt_leaf", "finite"],
+    meta_fields=["depth", "dim"])
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """A uniform-depth tree of sources and targets.
+
+    Static (changing them recompiles): depth, dim.
+    Arrays (nleaf = 2^(dim*depth); N sources, M targets):
+      lo (dim,), side ()        root box: [lo, lo + side]^dim
+      src_perm (N,) int32       sorted position -> original index
+      src_sorted (N, dim)       sources in Morton order
+      src_start (nleaf + 2,)    leaf b holds sorted sources [start[b], start[b+1]);
+                                entry nleaf is the empty sentinel leaf
+      src_leaf (N,) int32       leaf of each sorted source
+      tgt_* likewise for targets
+      finite () bool            all coordinates finite (else results are NaN)
+    """
+    lo: jax.Array
+    side: jax.Array
+    src_perm: jax.Array
+    src_sorted: jax.Array
+    src_start: jax.Array
+    src_leaf: jax.Array
+    tgt_perm: jax.Array
+    tgt_sorted: jax.Array
+    tgt_start: jax.Array
+    tgt_leaf: jax.Array
+    finite: jax.Array
+    depth: int
+    dim: int
+
+    @property
+    def n_leaves(self) -> int:
+        return 2 ** (self.dim * self.depth)
+
+    def box_side(self, level: int):
+        """Side of a box at `level` (scalar array)."""
+        return self.side / (2 ** level)
+
+    def leaf_centers(self, leaves):
+        """Centres (..., dim) of leaves given by Morton index (...,)."""
+        coords = morton.decode(leaves, self.depth, self.dim)
+        h = self.box_side(self.depth)
+        return self.lo + (coords.astype(self.lo.dtype) + 0.5) * h
+
+
+def choose_depth(n: int, dim: int, leaf_size: int) -> int:
+    """Depth so that leaves hold about `leaf_size` of n uniform points.
+
+    Rounded in log space; never deeper than the Morton keys allow, and never
+    so deep that there are more leaves than points.
+    """
+    if n <= leaf_size:
+        return 0
+    depth = int(round(math.log(n / leaf_size, 2 ** dim)))
+    while depth > 0 and 2 ** (dim * depth) > n:
+        depth -= 1
+    return max(0, min(depth, morton.MAX_DEPTH[dim]))
+
+
+def _root_box(points):
+    """Smallest cube holding every finite point: (lo (d,), side ())."""
+    finite = jnp.all(jnp.isfinite(points), axis=-1, keepdims=True)
+    big = jnp.finfo(points.dtype).max
+    lo = jnp.min(jnp.where(finite, points, big), axis=0)
+    hi = jnp.max(jnp.where(finite, points, -big), axis=0)
+    any_finite = jnp.any(finite)
+    lo = jnp.where(any_finite, lo, 0.0)
+    hi = jnp.where(any_finite, hi, 0.0)
+    extent = jnp.max(hi - lo)
+    # Widen by a few ulps so that the upper faces map inside; a point set with
+    # no extent (one point, or all coincident) gets a unit box.
+    tiny = jnp.finfo(points.dtype).eps
+    side = jnp.where(extent > 0, extent * (1 + 8 * tiny), 1.0)
+    side = jnp.maximum(side, 8 * tiny * jnp.max(jnp.abs(jnp.where(any_finite, hi, 0.0))))
+    centre = 0.5 * (lo + hi)
+    return centre - 0.5 * side, side
+
+
+def _sort(points, lo, side, depth: int):
+    """Sort points by leaf key. Returns perm, sorted points, start, leaf."""
+    n, d = points.shape
+    nleaf = 2 ** (d * depth)
+    safe = jnp.where(jnp.isfinite(points), points, lo)
+    scaled = jnp.floor((safe - lo) / side * (2 ** depth))
+    coords = jnp.clip(scaled, 0, 2 ** depth - 1).astype(jnp.int32)
+    keys = morton.encode(coords, depth)
+    perm = jnp.argsort(keys, stable=True).astype(jnp.int32)
+    leaf = keys[perm]
+    counts = jnp.zeros(nleaf, jnp.int32).at[leaf].add(1, indices_are_sorted=True)
+    start = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32),
+                             jnp.full(1, n, jnp.int32)])
+    return perm, points[perm], start, leaf
+
+
+def build(sources, targets, depth: int) -> Tree:
+    """Build the tree (jit-able; depth static).
+
+    sources: (N, d); targets: (M, d) or None for targets = sources.
+    """
+    d = sources.shape[-1]
+    both = sources if targets is None else jnp.concatenate([sources, targets])
+    lo, side = _root_box(both)
+    finite = jnp.all(jnp.isfinite(both))
+    src = _sort(sources, lo, side, depth)
+    tgt = src if targets is None else _sort(targets, lo, side, depth)
+    return Tree(lo, side, *src, *tgt, finite, depth=depth, dim=d)
