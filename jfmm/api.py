@@ -14,13 +14,16 @@ from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm.ops import p2p
 
-DEFAULT_LEAF_SIZE = {2: 64, 3: 64}
-
 
 # ------------------------------------------------------------------ checks
 
+_Tracer = getattr(jax.core, "Tracer", None)
+if _Tracer is None:  # moved in newer jax releases
+    from jax._src.core import Tracer as _Tracer
+
+
 def _concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+    return not isinstance(x, _Tracer)
 
 
 def _check_kernel(kernel):
@@ -122,8 +125,8 @@ def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient):
     return _fmm.evaluate(tree, charges, kernel, family, p, ops, gradient)
 
 
-def _depth(n_src, n_tgt, dim, leaf_size):
-    leaf = DEFAULT_LEAF_SIZE[dim] if leaf_size is None else int(leaf_size)
+def _depth(n_src, n_tgt, dim, leaf_size, family, p):
+    leaf = family.leaf_size(p) if leaf_size is None else int(leaf_size)
     if leaf < 1:
         raise ValueError(f"leaf_size must be >= 1, got {leaf_size}")
     return _tree.choose_depth(max(n_src, n_tgt), dim, leaf)
@@ -148,8 +151,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=1e-6,
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     dim = sources.shape[1]
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
-    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size)
     p = _order(kernel, dim, eps, sources.dtype, order)
+    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, _fmm.family_for(kernel, dim), p)
     phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient)
     return _finish(phi, grad, squeeze, gradient)
 
@@ -228,8 +231,8 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=1e-6, *, leaf_s
     sources, _, targets, _ = _prepare(sources, dummy, targets, kernel)
     dim = sources.shape[1]
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
-    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size)
     p = _order(kernel, dim, eps, sources.dtype, order)
+    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, _fmm.family_for(kernel, dim), p)
     tree = _build_jit(sources, targets, depth)
     ops = None
     if depth >= 2:

@@ -47,11 +47,14 @@ def reference(sources, q, targets=None, dtype=np.float64):
     phi = np.zeros((len(y), qq.shape[1]))
     grad = np.zeros((len(y), qq.shape[1], y.shape[1]))
     for s in range(0, len(y), 512):
-        diff = y[s:s + 512, None, :] - x[None, :, :]
-        r = np.sqrt((diff ** 2).sum(-1))
+        yb = y[s:s + 512]
+        r = np.sqrt(((yb[:, None, :] - x[None, :, :]) ** 2).sum(-1))
         inv = np.divide(1.0, r, out=np.zeros_like(r), where=r > 0)
+        inv3 = inv ** 3
         phi[s:s + 512] = inv @ qq
-        grad[s:s + 512] = -np.einsum("tsd,sk->tkd", diff * (inv ** 3)[..., None], qq)
+        # grad = -sum_i q_i (y - x_i) / r^3, as matrix products
+        for d in range(y.shape[1]):
+            grad[s:s + 512, :, d] = -(yb[:, d, None] * (inv3 @ qq) - inv3 @ (x[:, d, None] * qq))
     if q.ndim == 1:
         return phi[:, 0], grad[:, 0]
     return phi, grad

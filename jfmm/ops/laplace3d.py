@@ -63,47 +63,78 @@ def _index(n: int, m: int, part: int) -> int:
     return n * n + (0 if m == 0 else 2 * m - 1 + part)
 
 
+@functools.lru_cache(maxsize=None)
+def _recurrence_tables(p: int, irregular: bool):
+    """Static tables for `_harmonics`.
+
+    Returns a, b: (p, p) coefficients of the three-term recurrence in n
+    (row n, column m; zero where m >= n), diag: (p,) factor of the diagonal
+    step, and layout: (p^2,) positions of the real layout in the flattened
+    (n, m, re/im) array.
+    """
+    a, b, diag = np.zeros((p, p)), np.zeros((p, p)), np.zeros(p)
+    for n in range(1, p):
+        diag[n] = (2 * n - 1) if irregular else 1.0 / (2 * n)
+        for m in range(n):
+            if irregular:
+                a[n, m], b[n, m] = 2 * n - 1, (n - 1) ** 2 - m * m
+            else:
+                a[n, m], b[n, m] = (2 * n - 1) / ((n + m) * (n - m)), 1.0 / ((n + m) * (n - m))
+    layout = []
+    for n in range(p):
+        layout.append((n * p) * 2)
+        for m in range(1, n + 1):
+            layout += [(n * p + m) * 2, (n * p + m) * 2 + 1]
+    return a, b, diag, np.array(layout, np.int32)
+
+
 def _harmonics(x, p: int, irregular: bool):
     """Regular (Y) or irregular (T) solid harmonics in the real layout.
 
     x: (..., 3). Returns (..., p^2) holding Re/Im of Y_n^m or T_n^m, m >= 0.
-    Trig-free recurrences (module docstring); the r^2 of the irregular
-    recurrence is never zero because callers only evaluate T away from 0.
+    A scan over the degree n runs the trig-free recurrences (module
+    docstring) for all orders m at once, so the program size does not grow
+    with p. The irregular family needs x != 0.
     """
     x0, x1, x2 = x[..., 0], x[..., 1], x[..., 2]
     r2 = x0 * x0 + x1 * x1 + x2 * x2
+    a, b, diag, layout = _recurrence_tables(p, irregular)
+    dt = x.dtype
     if irregular:
         inv_r2 = 1.0 / r2
-        diag_re, diag_im = jnp.sqrt(inv_r2), jnp.zeros_like(r2)
+        first = jnp.sqrt(inv_r2)
+        za, rb, dscale = (x2 * inv_r2)[..., None], inv_r2[..., None], inv_r2[..., None]
     else:
-        diag_re, diag_im = jnp.ones_like(r2), jnp.zeros_like(r2)
-    re = [[None] * p for _ in range(p)]  # re[n][m]
-    im = [[None] * p for _ in range(p)]
-    for m in range(p):
-        if m > 0:
-            # (y - i x) * (a + i b) = (y a + x b) + i (y b - x a)
-            f = (2 * m - 1) * inv_r2 if irregular else 1.0 / (2 * m)
-            diag_re, diag_im = (f * (x1 * diag_re + x0 * diag_im),
-                                f * (x1 * diag_im - x0 * diag_re))
-        re[m][m], im[m][m] = diag_re, diag_im
-        for n in range(m + 1, p):
-            if irregular:
-                a = (2 * n - 1) * x2 * inv_r2
-                b = ((n - 1) ** 2 - m * m) * inv_r2
-            else:
-                a = (2 * n - 1) * x2 / ((n + m) * (n - m))
-                b = r2 / ((n + m) * (n - m))
-            if n == m + 1:
-                re[n][m], im[n][m] = a * re[n - 1][m], a * im[n - 1][m]
-            else:
-                re[n][m] = a * re[n - 1][m] - b * re[n - 2][m]
-                im[n][m] = a * im[n - 1][m] - b * im[n - 2][m]
-    parts = []
-    for n in range(p):
-        parts.append(re[n][0])
-        for m in range(1, n + 1):
-            parts += [re[n][m], im[n][m]]
-    return jnp.stack(parts, axis=-1)
+        first = jnp.ones_like(r2)
+        za, rb, dscale = x2[..., None], r2[..., None], 1.0
+    m_idx = jnp.arange(p)
+    e0 = (m_idx == 0).astype(dt)
+    prev1 = (first[..., None] * e0, jnp.zeros(x.shape[:-1] + (p,), dt))
+    prev2 = (jnp.zeros_like(prev1[0]), jnp.zeros_like(prev1[0]))
+
+    def step(carry, row):
+        (p1r, p1i), (p2r, p2i) = carry
+        n, an, bn, dn = row
+        # Diagonal: (y - i x) * prev1[n - 1], shifted into column n.
+        sr = jnp.roll(p1r, 1, axis=-1)
+        si = jnp.roll(p1i, 1, axis=-1)
+        dr = dn * dscale * (x1[..., None] * sr + x0[..., None] * si)
+        di = dn * dscale * (x1[..., None] * si - x0[..., None] * sr)
+        nr = an * za * p1r - bn * rb * p2r
+        ni = an * za * p1i - bn * rb * p2i
+        on_diag = m_idx == n
+        nr = jnp.where(m_idx < n, nr, jnp.where(on_diag, dr, 0.0))
+        ni = jnp.where(m_idx < n, ni, jnp.where(on_diag, di, 0.0))
+        return ((nr, ni), (p1r, p1i)), (nr, ni)
+
+    rows = (jnp.arange(1, p), jnp.asarray(a[1:], dt), jnp.asarray(b[1:], dt),
+            jnp.asarray(diag[1:], dt))
+    _, (re, im) = jax.lax.scan(step, (prev1, prev2), rows)     # (p - 1, ..., p)
+    re = jnp.concatenate([prev1[0][None], re])
+    im = jnp.concatenate([prev1[1][None], im])
+    both = jnp.stack([re, im], axis=-1)                         # (p, ..., p, 2)
+    both = jnp.moveaxis(both, 0, -3).reshape(x.shape[:-1] + (2 * p * p,))
+    return both[..., layout]
 
 
 def regular(x, p: int):
@@ -231,7 +262,9 @@ def _apply_tables(h, p: int, kind: str):
     """
     idx, coef = _translation_tables(p, kind)
     hz = jnp.concatenate([h, jnp.zeros(h.shape[:-1] + (1,), h.dtype)], axis=-1)
-    c = jnp.asarray(coef, h.dtype)
+    # The barrier keeps XLA from constant-folding the (large) matrices at
+    # compile time: building them at run time is a cheap gather.
+    hz, c = jax.lax.optimization_barrier((hz, jnp.asarray(coef, h.dtype)))
     return hz[..., idx[0]] * c[0] + hz[..., idx[1]] * c[1]
 
 
@@ -313,14 +346,21 @@ def m2p(u, mult, h, p: int):
                       precision=jax.lax.Precision.HIGHEST) / h
 
 
-# Measured relative L2 error of the potential (float64, N = 20,000, worst of
-# uniform cube, sphere surface and clusters, ~39 points per leaf) per order p;
-# see docs/BENCHMARKS.md. `order` takes the smallest p whose error is below
-# eps with a safety factor of 3.
-_ERROR_BY_ORDER = {}
+# Measured relative L2 error of the potential per order p (float64,
+# N = 20,000, worst of uniform cube, sphere surface and clusters, default leaf
+# size); see docs/BENCHMARKS.md. `order` takes the smallest p whose error is
+# at most eps / 2.
+_ERROR_BY_ORDER = {3: 4.2e-3, 4: 1.4e-3, 6: 1.5e-4, 8: 2.1e-5, 10: 3.4e-6, 12: 6.7e-7,
+                   14: 1.4e-7, 16: 3.4e-8, 18: 8.4e-9, 20: 2.5e-9}
 
 # Below these eps the dtype's rounding, not the order, sets the error.
 EPS_FLOOR = {"float32": 1e-6, "float64": 1e-13}
+
+
+def leaf_size(p: int) -> int:
+    """Mean points per leaf that balances near-field and M2L work at order p
+    (P2P ~ 27 s^2 pair terms per leaf against ~189 p^4 M2L terms)."""
+    return max(32, int(0.8 * p * p))
 
 
 def order(eps: float, dtype) -> int:
@@ -334,7 +374,7 @@ def order(eps: float, dtype) -> int:
         hint = "; use float64 inputs with jax_enable_x64" if name == "float32" else ""
         raise ValueError(f"eps={eps:g} is below what {name} reaches (about {floor:g}){hint}")
     for p in sorted(_ERROR_BY_ORDER):
-        if 3 * _ERROR_BY_ORDER[p] <= eps:
+        if 2 * _ERROR_BY_ORDER[p] <= eps:
             return p
     return max(_ERROR_BY_ORDER, default=MAX_ORDER)
 

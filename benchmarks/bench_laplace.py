@@ -1,0 +1,155 @@
+"""3D Laplace FMM benchmark: time versus N, per pass, with measured error.
+
+    python benchmarks/bench_laplace.py --nmin 12 --nmax 20 --dtype float32 --eps 1e-5
+    python benchmarks/bench_laplace.py --orders 4,6,8 --n 20000 --dtype float64
+
+Per N: tree build, upward (P2M + M2M), downward (M2L + L2L), L2P, P2P, the
+whole jitted fmm() (build included), first call (compile + run), the direct
+sum's time, and the relative L2 error of potential and gradient on 1,000
+sampled targets against a float64 direct sum of the same rounded inputs.
+Times are medians over --repeats runs after compilation. Prints markdown rows.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jfmm  # noqa: E402
+from jfmm import fmm as driver  # noqa: E402
+from jfmm.ops import laplace3d, p2p  # noqa: E402
+from jfmm.tree import build, choose_depth, lists  # noqa: E402
+
+
+def make_points(kind, n, rng):
+    if kind == "cube":
+        return rng.random((n, 3))
+    if kind == "sphere":
+        v = rng.normal(size=(n, 3))
+        return 0.5 + 0.5 * v / np.linalg.norm(v, axis=1, keepdims=True)
+    if kind == "plummer":
+        r = 1.0 / np.sqrt(rng.random(n) ** (-2.0 / 3.0) - 1.0)
+        v = rng.normal(size=(n, 3))
+        return np.clip(r, 0, 100)[:, None] * v / np.linalg.norm(v, axis=1, keepdims=True)
+    raise ValueError(kind)
+
+
+def median_time(f, *args, repeats):
+    jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def reference(x, q, y):
+    phi, grad = np.zeros(len(y)), np.zeros((len(y), 3))
+    for s in range(0, len(y), 32):
+        d = y[s:s + 32, None, :] - x[None]
+        r = np.sqrt((d * d).sum(-1))
+        inv = np.divide(1.0, r, out=np.zeros_like(r), where=r > 0)
+        phi[s:s + 32] = inv @ q
+        grad[s:s + 32] = -np.einsum("tsd,s->td", d * (inv ** 3)[..., None], q)
+    return phi, grad
+
+
+def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng):
+    x = make_points(kind, n, rng).astype(dtype)
+    q = (rng.random(n) - 0.5).astype(dtype)
+    xd, qd = jnp.asarray(x), jnp.asarray(q)
+    kernel = jfmm.kernels.Laplace3D()
+    p = order or laplace3d.order(eps, dtype)
+    depth = choose_depth(n, 3, laplace3d.leaf_size(p))
+    f = jax.jit(lambda a, b: jfmm.fmm(a, b, eps=eps, gradient=True, order=order))
+
+    t0 = time.perf_counter()
+    phi, grad = jax.block_until_ready(f(xd, qd))
+    first = time.perf_counter() - t0
+    total = median_time(f, xd, qd, repeats=repeats)
+
+    # Passes, each jitted on its own (their sum exceeds `total` by launch gaps).
+    tb = jax.jit(build.build, static_argnames="depth")
+    tree = tb(xd, None, depth=depth)
+    t_build = median_time(lambda a: tb(a, None, depth=depth), xd, repeats=repeats)
+    ops = jax.jit(lambda: driver.operators(laplace3d, p, 3, dtype))()
+    qs = qd[tree.src_perm][:, None]
+    up = jax.jit(lambda t, c: driver.upward(t, c, laplace3d, ops, p))
+    mult = up(tree, qs)
+    down = jax.jit(lambda t, m: driver.downward(t, m, ops))
+    loc = down(tree, mult)
+
+    def l2p(t, lc):
+        h = t.box_side(t.depth)
+        u = (t.tgt_sorted - t.leaf_centers(t.tgt_leaf)) / h
+        return laplace3d.l2p(u, lc[t.tgt_leaf], h, p, True)
+
+    near = jax.jit(lambda t, c: p2p.near_field(
+        kernel, t.tgt_sorted, t.tgt_start, t.src_sorted, c, t.src_start,
+        lists.neighbors(t.depth, 3), True))
+    t_up = median_time(up, tree, qs, repeats=repeats) if depth >= 2 else 0.0
+    t_down = median_time(down, tree, mult, repeats=repeats) if depth >= 2 else 0.0
+    t_l2p = median_time(jax.jit(l2p), tree, loc, repeats=repeats) if depth >= 2 else 0.0
+    t_p2p = median_time(near, tree, qs, repeats=repeats)
+
+    t_direct = float("nan")
+    if n <= direct_max:
+        d = jax.jit(lambda a, b: jfmm.direct(a, b, gradient=True))
+        t_direct = median_time(d, xd, qd, repeats=max(1, repeats // 3))
+
+    sample = rng.choice(n, size=min(1000, n), replace=False)
+    x64, q64 = x.astype(np.float64), q.astype(np.float64)
+    ref, gref = reference(x64, q64, x64[sample])
+    err = np.linalg.norm(np.asarray(phi, np.float64)[sample] - ref) / np.linalg.norm(ref)
+    gerr = np.linalg.norm(np.asarray(grad, np.float64)[sample] - gref) / np.linalg.norm(gref)
+    ms = lambda t: f"{t * 1e3:.2f}"  # noqa: E731
+    return (f"| {n:,} | {kind} | {np.dtype(dtype).name} | {eps:g} | {p} | {depth} | "
+            f"{ms(t_build)} | {ms(t_up)} | {ms(t_down)} | {ms(t_l2p)} | {ms(t_p2p)} | "
+            f"**{ms(total)}** | {first:.1f} | {ms(t_direct)} | {err:.2e} | {gerr:.2e} |")
+
+
+HEADER = ("| N | points | dtype | eps | p | depth | build ms | up ms | down ms | L2P ms | "
+          "P2P ms | total ms | first call s | direct ms | err phi | err grad |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nmin", type=int, default=12, help="log2 of the smallest N")
+    ap.add_argument("--nmax", type=int, default=16, help="log2 of the largest N")
+    ap.add_argument("--n", type=int, default=None, help="a single N (overrides nmin/nmax)")
+    ap.add_argument("--dist", default="cube")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--eps", type=float, default=1e-5)
+    ap.add_argument("--orders", default=None, help="comma-separated p to sweep instead of eps")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--direct-max", type=int, default=2 ** 18,
+                    help="largest N at which the direct sum is timed")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    dtype = np.dtype(args.dtype).type
+    rng = np.random.default_rng(args.seed)
+    print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}")
+    print(HEADER)
+    ns = [args.n] if args.n else [2 ** k for k in range(args.nmin, args.nmax + 1)]
+    orders = [int(o) for o in args.orders.split(",")] if args.orders else [None]
+    for n in ns:
+        for order in orders:
+            for kind in args.dist.split(","):
+                print(run_one(n, kind, dtype, args.eps, order, args.repeats, args.direct_max, rng),
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Public surface, input checking, dtypes and the direct sum."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import charges, points, reference, rel
+
+import jfmm
+from jfmm import kernels
+
+
+def test_public_names_frozen():
+    assert sorted(jfmm.__all__) == ["Plan", "direct", "fmm", "kernels", "plan"]
+    assert kernels.__all__ == ["Kernel", "Laplace3D", "get"]
+
+
+def test_kernel_is_pytree_and_get_by_name():
+    assert jax.tree_util.tree_leaves(kernels.Laplace3D()) == []
+    assert isinstance(kernels.get("Laplace3D"), kernels.Laplace3D)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        kernels.get("nope")
+
+
+@pytest.mark.parametrize("call", ["fmm", "direct"])
+def test_bad_input_raises_clearly(call, rng):
+    f = getattr(jfmm, call)
+    x, q = rng.random((50, 3)), rng.random(50)
+    with pytest.raises(ValueError, match="shape"):
+        f(x[:, :2], q)                       # Laplace3D is 3D only
+    with pytest.raises(ValueError, match="shape"):
+        f(x[None], q)
+    with pytest.raises(ValueError, match="charges"):
+        f(x, q[:49])
+    with pytest.raises(ValueError, match="targets"):
+        f(x, q, rng.random((5, 2)))
+    bad = x.copy()
+    bad[3, 0] = np.inf
+    with pytest.raises(ValueError, match="NaN or inf"):
+        f(bad, q)
+    bad[3, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        f(x, q, bad)
+    with pytest.raises(TypeError, match="Kernel"):
+        f(x, q, kernel="laplace3d")
+    with pytest.raises(ValueError, match="empty"):
+        f(x[:0], q[:0])
+
+
+def test_bad_eps_raises(rng):
+    x, q = rng.random((50, 3)), rng.random(50)
+    for eps in (0.0, -1e-3):
+        with pytest.raises(ValueError, match="eps"):
+            jfmm.fmm(x, q, eps=eps)
+    with pytest.raises(ValueError, match="float32"):
+        jfmm.fmm(x.astype(np.float32), q.astype(np.float32), eps=1e-9)
+    with pytest.raises(ValueError, match="float64"):
+        jfmm.fmm(x, q, eps=1e-17)
+    with pytest.raises(ValueError, match="order"):
+        jfmm.fmm(x, q, order=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("call", ["fmm", "direct"])
+def test_dtype_preserved(dtype, call, rng):
+    x, q = points("cube", 300, rng).astype(dtype), charges(300, rng).astype(dtype)
+    phi, grad = getattr(jfmm, call)(x, q, gradient=True)
+    assert phi.dtype == dtype and grad.dtype == dtype
+    int_q = jfmm.fmm(x, np.ones(300, np.int32))
+    assert int_q.dtype == dtype
+
+
+@pytest.mark.parametrize("kind", ["cube", "cluster"])
+def test_direct_matches_reference(kind, rng):
+    x, q, y = points(kind, 700, rng), charges(700, rng, k=2), points("cube", 333, rng)
+    phi, grad = jfmm.direct(x, q, y, gradient=True)
+    ref, gref = reference(x, q, y)
+    assert phi.shape == (333, 2) and grad.shape == (333, 2, 3)
+    assert rel(phi, ref) < 1e-13 and rel(grad, gref) < 1e-13
+
+
+def test_plan_checks_shapes(rng):
+    x = rng.random((200, 3))
+    pl = jfmm.plan(x)
+    with pytest.raises(ValueError, match="charges"):
+        pl.apply(np.ones(199))
+    with pytest.raises(ValueError, match="shape"):
+        pl.update(rng.random((201, 3)))

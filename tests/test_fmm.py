@@ -1,0 +1,160 @@
+"""The whole FMM against the float64 direct sum, and its structure."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import DISTRIBUTIONS, charges, points, reference, rel
+
+import jfmm
+from jfmm import fmm as driver
+from jfmm import kernels
+from jfmm.tree import build, lists
+
+
+@pytest.mark.parametrize("kind", DISTRIBUTIONS)
+@pytest.mark.parametrize("dtype,eps,leaf", [(np.float64, 1e-10, 64), (np.float64, 1e-7, 12),
+                                            (np.float32, 1e-5, 64), (np.float32, 1e-3, 12)])
+def test_accuracy_vs_direct(kind, dtype, eps, leaf, rng):
+    n = 3000
+    x, q = points(kind, n, rng), charges(n, rng)
+    phi, grad = jfmm.fmm(jnp.asarray(x, dtype), jnp.asarray(q, dtype), eps=eps,
+                         gradient=True, leaf_size=leaf)
+    assert phi.dtype == dtype and grad.dtype == dtype
+    ref, gref = reference(x, q, dtype=dtype)
+    assert rel(phi, ref) <= eps
+    assert rel(grad, gref) <= 10 * eps
+
+
+@pytest.mark.parametrize("kind", DISTRIBUTIONS)
+def test_targets_differ_from_sources(kind, rng):
+    x, q = points(kind, 1500, rng), charges(1500, rng)
+    y = points("cube", 700, rng) * 1.5 - 0.25  # partly outside the sources' box
+    phi, grad = jfmm.fmm(x, q, y, eps=1e-8, gradient=True, leaf_size=16)
+    ref, gref = reference(x, q, y)
+    assert phi.shape == (700,) and grad.shape == (700, 3)
+    assert rel(phi, ref) <= 1e-8 and rel(grad, gref) <= 1e-7
+
+
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_tiny_n(n, rng):
+    x, q = rng.random((n, 3)), charges(n, rng)
+    phi, grad = jfmm.fmm(x, q, eps=1e-8, gradient=True)
+    ref, gref = reference(x, q)
+    np.testing.assert_allclose(phi, ref, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(grad, gref, rtol=1e-12, atol=1e-300)
+
+
+def test_coincident_points_and_box_faces(rng):
+    """Duplicated points contribute 0 to each other; points on every face and
+    corner of the root box land in valid leaves."""
+    x = points("cube", 1200, rng)
+    x[:300] = x[300:600]                       # 300 coincident pairs
+    x[600:700] = np.round(x[600:700])          # box corners
+    x[700:800, 0] = 0.0
+    x[800:900, 1] = 1.0
+    q = charges(1200, rng)
+    phi, grad = jfmm.fmm(x, q, eps=1e-9, gradient=True, leaf_size=8)
+    assert np.isfinite(phi).all() and np.isfinite(grad).all()
+    ref, gref = reference(x, q)
+    assert rel(phi, ref) <= 1e-9 and rel(grad, gref) <= 1e-8
+
+
+def test_k_charge_vectors_and_vmap_equal_columns(rng):
+    x, q = points("cube", 2000, rng), charges(2000, rng, k=3)
+    both = jfmm.fmm(x, q, eps=1e-8, gradient=True)
+    assert both[0].shape == (2000, 3) and both[1].shape == (2000, 3, 3)
+    vm = jax.vmap(lambda c: jfmm.fmm(x, c, eps=1e-8, gradient=True), in_axes=1,
+                  out_axes=(1, 1))(jnp.asarray(q))
+    for col in range(3):
+        phi, grad = jfmm.fmm(x, q[:, col], eps=1e-8, gradient=True)
+        np.testing.assert_allclose(both[0][:, col], phi, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(vm[0][:, col], phi, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(vm[1][:, col], grad, rtol=1e-12, atol=1e-12)
+    ref, _ = reference(x, q)
+    assert rel(both[0], ref) <= 1e-8
+
+
+def test_jit_reuses_compilation(rng):
+    traces = []
+
+    @jax.jit
+    def f(x, q):
+        traces.append(1)
+        return jfmm.fmm(x, q, eps=1e-6)
+
+    for _ in range(3):
+        x, q = points("sphere", 1000, rng), charges(1000, rng)
+        phi = f(x, q)
+        assert rel(phi, reference(x, q)[0]) <= 1e-6
+    assert len(traces) == 1
+
+
+def test_eager_calls_do_not_recompile(rng):
+    x, q = points("cube", 900, rng), charges(900, rng)
+    jfmm.fmm(x, q, eps=1e-5)
+    before = jfmm.api._fmm_jit._cache_size()
+    jfmm.fmm(points("cube", 900, rng), charges(900, rng), eps=1e-5)
+    assert jfmm.api._fmm_jit._cache_size() == before
+
+
+def test_plan_apply_and_update(rng):
+    x, y = points("cube", 1500, rng), points("sphere", 500, rng)
+    pl = jfmm.plan(x, y, eps=1e-8)
+    assert not bool(pl.overflow)
+    q = charges(1500, rng, k=2)
+    phi, grad = pl.apply(q, gradient=True)
+    ref, gref = reference(x, q, y)
+    assert rel(phi, ref) <= 1e-8 and rel(grad, gref) <= 1e-7
+    x2, y2 = points("cluster", 1500, rng), points("cube", 500, rng)
+    pl2 = jax.jit(lambda p_, a, b: p_.update(a, b))(pl, x2, y2)
+    q1 = charges(1500, rng)
+    assert rel(pl2.apply(q1), reference(x2, q1, y2)[0]) <= 1e-8
+
+
+def test_nan_under_jit_gives_nan(rng):
+    x, q = points("cube", 500, rng), charges(500, rng)
+    x[7, 1] = np.nan
+    phi = jax.jit(lambda a, b: jfmm.fmm(a, b, eps=1e-6))(x, q)
+    assert np.isnan(phi).all()
+
+
+# ---------------------------------------------------------------- structure
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _One(kernels.Kernel):
+    """K = 1 everywhere (not singular): the counting kernel."""
+
+    def radial(self, r):
+        return jnp.ones_like(r)
+
+
+class _Counting:
+    """A one-coefficient family whose every operator passes counts through:
+    each target must receive every source exactly once (exafmm's check)."""
+
+    @staticmethod
+    def operators(p, offsets, dtype):
+        one = lambda n: jnp.ones((n, 1, 1), dtype)  # noqa: E731
+        m2l = jnp.concatenate([one(len(offsets)), jnp.zeros((1, 1, 1), dtype)])
+        return driver.laplace3d.Operators(one(8), one(8), m2l)
+
+    @staticmethod
+    def p2m(u, q, p):
+        return q[:, :, None]
+
+    @staticmethod
+    def l2p(u, loc, h, p, gradient):
+        return loc[:, :, 0], None
+
+
+@pytest.mark.parametrize("kind", DISTRIBUTIONS)
+@pytest.mark.parametrize("depth", [2, 3, 4])
+def test_counting_fmm_covers_every_pair_once(kind, depth, rng):
+    x, y = points(kind, 900, rng), points(kind, 400, rng)
+    tree = build.build(jnp.asarray(x), jnp.asarray(y), depth)
+    ops = _Counting.operators(1, lists.m2l_offsets(3), jnp.float64)
+    phi, _ = driver.evaluate(tree, jnp.ones((900, 1)), _One(), _Counting, 1, ops, False)
+    np.testing.assert_array_equal(phi, 900.0)
