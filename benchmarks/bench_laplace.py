@@ -12,6 +12,7 @@ Times are medians over --repeats runs after compilation. Prints markdown rows.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -23,9 +24,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jfmm  # noqa: E402
-from jfmm import fmm as driver  # noqa: E402
+
+driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 from jfmm.ops import laplace3d, p2p  # noqa: E402
-from jfmm.tree import build, choose_depth, lists  # noqa: E402
+from jfmm.tree import build as build_tree, choose_depth, lists  # noqa: E402
 
 
 def make_points(kind, n, rng):
@@ -77,7 +79,7 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng):
     total = median_time(f, xd, qd, repeats=repeats)
 
     # Passes, each jitted on its own (their sum exceeds `total` by launch gaps).
-    tb = jax.jit(build.build, static_argnames="depth")
+    tb = jax.jit(build_tree, static_argnames="depth")
     tree = tb(xd, None, depth=depth)
     t_build = median_time(lambda a: tb(a, None, depth=depth), xd, repeats=repeats)
     ops = jax.jit(lambda: driver.operators(laplace3d, p, 3, dtype))()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a | b)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = b | c)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -15,7 +15,14 @@ case "$1" in
     $b --n 1048576 --dist sphere,plummer --dtype float32 --eps 1e-5 2>&1 | tee "$out/f32_dist.md"
     ;;
   b)
-    $b --n 65536 --orders 4,6,8,10,12 --dtype float32 --repeats 3 2>&1 | tee "$out/p_f32.md"
-    $b --nmin 12 --nmax 18 --dtype float64 --eps 1e-10 --repeats 3 2>&1 | tee "$out/f64_cube.md"
+    $py -m jfmm 2>&1 | tee "$out/demo.txt"
+    $b --nmin 14 --nmax 22 --dtype float32 --eps 1e-5 --direct-max 262144 2>&1 | tee "$out/f32_cube.md"
+    $b --n 1048576 --orders 6,8,10,12 --dtype float32 --repeats 3 2>&1 | tee "$out/p_f32.md"
+    $b --n 1048576 --dist sphere --dtype float32 --eps 1e-5 2>&1 | tee "$out/f32_sphere.md"
+    $b --n 65536 --dist plummer --dtype float32 --eps 1e-5 --repeats 3 2>&1 | tee "$out/f32_plummer.md"
+    ;;
+  c)
+    $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 262144 2>&1 | tee "$out/f64_cube.md"
+    $b --n 262144 --orders 8,12,16,20,24 --dtype float64 --repeats 3 2>&1 | tee "$out/p_f64.md"
     ;;
 esac

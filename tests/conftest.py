@@ -52,9 +52,9 @@ def reference(sources, q, targets=None, dtype=np.float64):
         inv = np.divide(1.0, r, out=np.zeros_like(r), where=r > 0)
         inv3 = inv ** 3
         phi[s:s + 512] = inv @ qq
-        # grad = -sum_i q_i (y - x_i) / r^3, as matrix products
+        # grad = -sum_i q_i (y - x_i) / r^3, differences taken before summing
         for d in range(y.shape[1]):
-            grad[s:s + 512, :, d] = -(yb[:, d, None] * (inv3 @ qq) - inv3 @ (x[:, d, None] * qq))
+            grad[s:s + 512, :, d] = -((yb[:, d, None] - x[None, :, d]) * inv3) @ qq
     if q.ndim == 1:
         return phi[:, 0], grad[:, 0]
     return phi, grad
