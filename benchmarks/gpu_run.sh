@@ -21,8 +21,13 @@ case "$1" in
     $b --n 1048576 --dist sphere --dtype float32 --eps 1e-5 2>&1 | tee "$out/f32_sphere.md"
     $b --n 65536 --dist plummer --dtype float32 --eps 1e-5 --repeats 3 2>&1 | tee "$out/f32_plummer.md"
     ;;
+  d)
+    $b --nmin 18 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 0 2>&1 | tee "$out/f64_cube.md"
+    $b --n 1048576 --dist sphere --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 | tee "$out/f32_sphere.md"
+    $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 5 --direct-max 0 2>&1 | tee "$out/f32_cube.md"
+    ;;
   c)
-    $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 262144 2>&1 | tee "$out/f64_cube.md"
-    $b --n 262144 --orders 8,12,16,20,24 --dtype float64 --repeats 3 2>&1 | tee "$out/p_f64.md"
+    $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 65536 2>&1 | tee "$out/f64_cube.md"
+    $b --n 65536 --dist plummer --dtype float32 --eps 1e-5 --repeats 3 2>&1 | tee "$out/f32_plummer.md"
     ;;
 esac

@@ -71,7 +71,19 @@ def _prepare(sources, charges, targets, kernel):
     return sources, charges, targets, squeeze
 
 
+DEFAULT_EPS = {"float32": 1e-5, "float64": 1e-6}
+
+
+def _resolve_eps(eps, dtype) -> float:
+    """eps=None means the dtype's default: 1e-5 in float32, 1e-6 in float64."""
+    if eps is None:
+        return DEFAULT_EPS[jnp.dtype(dtype).name]
+    return eps
+
+
 def _check_eps(eps):
+    if eps is None:
+        return
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
         raise TypeError(f"eps must be a Python float (it is static), got {type(eps).__name__}")
     if not eps > 0:
@@ -132,13 +144,15 @@ def _depth(n_src, n_tgt, dim, leaf_size, family, p):
     return _tree.choose_depth(max(n_src, n_tgt), dim, leaf)
 
 
-def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=1e-6,
+def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         gradient=False, *, leaf_size=None, order=None):
     """Fast multipole sum phi(y_j) = sum_i q_i K(|y_j - x_i|).
 
     Same arguments and shapes as `direct`, plus eps, the requested relative
     L2 error of phi over the targets (the order is chosen from eps, kernel
-    and dtype; an eps the dtype cannot reach raises ValueError), leaf_size,
+    and dtype; an eps the dtype cannot reach raises ValueError; None means
+    1e-5 in float32 and 1e-6 in float64, float32's floor being about 2e-6),
+    leaf_size,
     the mean points per leaf the tree depth aims at, and order, which
     overrides the expansion order chosen from eps.
 
@@ -151,6 +165,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=1e-6,
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     dim = sources.shape[1]
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
+    eps = _resolve_eps(eps, sources.dtype)
     p = _order(kernel, dim, eps, sources.dtype, order)
     depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, _fmm.family_for(kernel, dim), p)
     phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient)
@@ -223,7 +238,7 @@ def _apply_jit(plan_, charges, gradient):
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
 
 
-def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=1e-6, *, leaf_size=None,
+def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_size=None,
          order=None):
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`."""
     _check_eps(eps)
@@ -231,6 +246,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=1e-6, *, leaf_s
     sources, _, targets, _ = _prepare(sources, dummy, targets, kernel)
     dim = sources.shape[1]
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
+    eps = _resolve_eps(eps, sources.dtype)
     p = _order(kernel, dim, eps, sources.dtype, order)
     depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, _fmm.family_for(kernel, dim), p)
     tree = _build_jit(sources, targets, depth)

@@ -87,8 +87,11 @@ def choose_depth(n: int, dim: int, leaf_size: int) -> int:
     return max(0, min(depth, morton.MAX_DEPTH[dim]))
 
 
+_MARGIN_LO, _MARGIN_HI = 0.0371, 0.0213
+
+
 def _root_box(points):
-    """Smallest cube holding every finite point: (lo (d,), side ())."""
+    """A cube holding every finite point with small margins: (lo (d,), side ())."""
     finite = jnp.all(jnp.isfinite(points), axis=-1, keepdims=True)
     big = jnp.finfo(points.dtype).max
     lo = jnp.min(jnp.where(finite, points, big), axis=0)
@@ -97,13 +100,14 @@ def _root_box(points):
     lo = jnp.where(any_finite, lo, 0.0)
     hi = jnp.where(any_finite, hi, 0.0)
     extent = jnp.max(hi - lo)
-    # Widen by a few ulps so that the upper faces map inside; a point set with
-    # no extent (one point, or all coincident) gets a unit box.
+    # Unequal margins (fractions of the extent) keep lattice-aligned data
+    # (grid points, points on the bounding faces, 0.5) off box faces and
+    # corners at every level, where M2L converges at its worst-case rate.
+    # A point set with no extent (one point, or all coincident) gets a unit box.
     tiny = jnp.finfo(points.dtype).eps
-    side = jnp.where(extent > 0, extent * (1 + 8 * tiny), 1.0)
-    side = jnp.maximum(side, 8 * tiny * jnp.max(jnp.abs(jnp.where(any_finite, hi, 0.0))))
-    centre = 0.5 * (lo + hi)
-    return centre - 0.5 * side, side
+    extent = jnp.where(extent > 0, extent, 1.0)
+    extent = jnp.maximum(extent, 8 * tiny * jnp.max(jnp.abs(jnp.where(any_finite, hi, 0.0))))
+    return lo - _MARGIN_LO * extent, extent * (1 + _MARGIN_LO + _MARGIN_HI)
 
 
 def _sort(points, lo, side, depth: int):
