@@ -12,7 +12,7 @@ import numpy as np
 from jfmm import fmm as _fmm
 from jfmm import kernels as _kernels
 from jfmm import tree as _tree
-from jfmm.ops import p2p
+from jfmm.ops import backend
 
 
 # ------------------------------------------------------------------ checks
@@ -101,7 +101,7 @@ def _finish(phi, grad, squeeze: bool, gradient: bool):
 
 @functools.partial(jax.jit, static_argnames=("gradient",))
 def _direct(sources, charges, targets, kernel, gradient):
-    return p2p.dense(kernel, targets, sources, charges, gradient)
+    return backend.dense(kernel, targets, sources, charges, gradient)
 
 
 def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient=False):

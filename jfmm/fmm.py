@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jfmm import kernels
-from jfmm.ops import laplace3d, p2p, translate
+from jfmm.ops import backend, laplace3d, translate
 from jfmm.tree import Tree, lists
 
 
@@ -63,8 +63,8 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
     """
     q_sorted = charges[tree.src_perm]
     near = lists.neighbors(tree.depth, tree.dim)
-    phi, grad = p2p.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
-                               q_sorted, tree.src_start, near, gradient)
+    phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
+                                   q_sorted, tree.src_start, near, gradient)
     if tree.depth >= 2:
         loc = downward(tree, upward(tree, q_sorted, family, ops, p), ops)
         h = tree.box_side(tree.depth)

@@ -193,7 +193,8 @@ def _h_part(a: int, b: int, want_im: bool, conj: bool, size: int):
 
 @functools.lru_cache(maxsize=None)
 def _translation_tables(p: int, kind: str):
-    """Static gather tables (i1, c1, i2, c2), each (p^2, p^2), for one kind.
+    """Static gather tables idx (2, p^2, p^2) int32 and coef (2, p^2, p^2):
+    entry (r, c) of the matrix is sum_t coef[t, r, c] * h[idx[t, r, c]].
 
     kind: 'm2m' | 'l2l' | 'm2l'. The source table H has orders < p for
     m2m/l2l (regular) and < 2p - 1 for m2l (irregular).
@@ -212,15 +213,12 @@ def _translation_tables(p: int, kind: str):
             return 2.0 ** -(n + 1), k - n, l - m, True
         return (-1.0) ** n, k + n, l + m, False  # m2l: out index (n,m) <- in (k,l)
 
-    def add(slot, row, col, term, scale):
+    def add(want_im, row, col, term, scale):
         c, a, b, conj = term
-        want_im = slot[1]
         i, s = _h_part(a, b, want_im, conj, size)
         if s == 0.0 or c * scale == 0.0:
             return
-        k = 0 if idx[0, row, col] == size else 1
-        if k == 1 and idx[1, row, col] != size:
-            raise AssertionError("more than two terms")  # cannot happen
+        k = 0 if idx[0, row, col] == size else 1  # at most two terms land on one entry
         idx[k, row, col] = i
         coef[k, row, col] = c * s * scale
 
@@ -236,21 +234,21 @@ def _translation_tables(p: int, kind: str):
                         a_col = _index(k, l, 0)
                         if l == 0:
                             # Re out += gr a ; Im out += gi a
-                            add((None, out_im), row, a_col, gp, 1.0)
+                            add(out_im, row, a_col, gp, 1.0)
                             continue
                         b_col = _index(k, l, 1)
                         if not out_im:
                             # Re: a (gr + g'r) + b (-gi + g'i), g' = (-1)^l g(m,-l)
-                            add((None, False), row, a_col, gp, 1.0)
-                            add((None, False), row, a_col, gm, sl)
-                            add((None, True), row, b_col, gp, -1.0)
-                            add((None, True), row, b_col, gm, sl)
+                            add(False, row, a_col, gp, 1.0)
+                            add(False, row, a_col, gm, sl)
+                            add(True, row, b_col, gp, -1.0)
+                            add(True, row, b_col, gm, sl)
                         else:
                             # Im: a (gi + g'i) + b (gr - g'r)
-                            add((None, True), row, a_col, gp, 1.0)
-                            add((None, True), row, a_col, gm, sl)
-                            add((None, False), row, b_col, gp, 1.0)
-                            add((None, False), row, b_col, gm, -sl)
+                            add(True, row, a_col, gp, 1.0)
+                            add(True, row, a_col, gm, sl)
+                            add(False, row, b_col, gp, 1.0)
+                            add(False, row, b_col, gm, -sl)
     return idx, coef
 
 

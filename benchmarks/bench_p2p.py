@@ -1,0 +1,136 @@
+"""P2P throughput on the GPU: Pallas kernel vs the jnp operator.
+
+    python benchmarks/bench_p2p.py
+
+1. All-pairs (jfmm.direct's path) at N = 2^16 and 2^17, float32, potential +
+   gradient: pair interactions per second for several tile shapes.
+2. The FMM near field at N = 2^20 (uniform cube, eps 1e-5 tree): time and
+   pairs per second (pairs counted from the tree), Pallas tiles vs jnp.
+3. The whole fmm() at N = 2^20 with each backend, with measured error.
+Errors are relative L2 against float64 sums of the same inputs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jfmm  # noqa: E402
+from jfmm import kernels  # noqa: E402
+from jfmm.ops import backend, laplace3d, p2p  # noqa: E402
+from jfmm.ops.pallas import p2p as pallas_p2p  # noqa: E402
+from jfmm.tree import build, choose_depth, lists  # noqa: E402
+
+K = kernels.Laplace3D()
+
+
+def med(f, *a, r=5):
+    jax.block_until_ready(f(*a))
+    ts = []
+    for _ in range(r):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*a))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def ref_phi(x, q, y):
+    out = np.zeros(len(y))
+    for s in range(0, len(y), 64):
+        r = np.sqrt(((y[s:s + 64, None] - x[None]) ** 2).sum(-1))
+        out[s:s + 64] = np.divide(1.0, r, out=np.zeros_like(r), where=r > 0) @ q
+    return out
+
+
+def main():
+    rng = np.random.default_rng(0)
+    print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}")
+    blocks = [pallas_p2p.Blocks(32, 32, 4), pallas_p2p.Blocks(32, 64, 4),
+              pallas_p2p.Blocks(64, 64, 4), pallas_p2p.Blocks(64, 32, 4),
+              pallas_p2p.Blocks(128, 32, 8), pallas_p2p.Blocks(64, 64, 8)]
+    print("\n## all pairs, float32, potential + gradient\n")
+    print("| N | path | tiles T x S, warps | ms | pairs/s | err phi |\n|---|---|---|---|---|---|")
+    for n in (2 ** 16, 2 ** 17):
+        x = rng.random((n, 3)).astype(np.float32)
+        q = (rng.random((n, 1)) - 0.5).astype(np.float32)
+        xd, qd = jnp.asarray(x), jnp.asarray(q)
+        sample = rng.choice(n, 500, replace=False)
+        ref = ref_phi(x.astype(np.float64), q[:, 0].astype(np.float64), x[sample].astype(np.float64))
+        t_start = jnp.array([0, n, n], jnp.int32)
+        for b in blocks:
+            f = jax.jit(lambda a, c, b=b: pallas_p2p.near_field(
+                K, a, t_start, a, c, t_start, jnp.zeros((1, 1), jnp.int32), True, blocks=b))
+            try:
+                t = med(f, xd, qd)
+            except Exception as e:  # report and go on: one run must give every number it can
+                print(f"| {n:,} | pallas | {b} | failed: {str(e).splitlines()[0][:200]} |")
+                continue
+            phi = np.asarray(f(xd, qd)[0])[sample, 0]
+            err = np.linalg.norm(phi - ref) / np.linalg.norm(ref)
+            print(f"| {n:,} | pallas | {b.targets} x {b.sources}, {b.num_warps} | {t * 1e3:.2f} | "
+                  f"{n * n / t:.3g} | {err:.1e} |", flush=True)
+        g = jax.jit(lambda a, c: p2p.dense(K, a, a, c, True))
+        t = med(g, xd, qd, r=3)
+        print(f"| {n:,} | jnp | 256 x 256 | {t * 1e3:.2f} | {n * n / t:.3g} | - |", flush=True)
+
+    print("\n## FMM near field, N = 2^20 uniform, float32, potential + gradient\n")
+    n = 2 ** 20
+    x = jnp.asarray(rng.random((n, 3)).astype(np.float32))
+    q = jnp.asarray((rng.random((n, 1)) - 0.5).astype(np.float32))
+    print("| depth | path | tiles | ms | pairs/s |\n|---|---|---|---|---|")
+    for depth in (4, 5):
+        t = jax.jit(build, static_argnames="depth")(x, None, depth=depth)
+        near = lists.neighbors(depth, 3)
+        cnt = np.diff(np.asarray(t.src_start)[: 2 ** (3 * depth) + 1])
+        nb = np.asarray(near)
+        cnt_pad = np.append(cnt, 0)
+        pairs = float((cnt * cnt_pad[nb].sum(1)).sum())
+        qs = q[t.src_perm]
+        args = (K, t.tgt_sorted, t.tgt_start, t.src_sorted, qs, t.src_start, near, True)
+        for b in blocks:
+            f = jax.jit(lambda *a, b=b: pallas_p2p.near_field(*a[:1], *a[1:], True, blocks=b),
+                        static_argnums=0)
+            try:
+                tm = med(f, *args[:-1])
+            except Exception as e:
+                print(f"| {depth} | pallas | {b} | failed: {str(e).splitlines()[0][:200]} |")
+                continue
+            print(f"| {depth} | pallas | {b.targets} x {b.sources}, {b.num_warps} | {tm * 1e3:.2f} | "
+                  f"{pairs / tm:.3g} |", flush=True)
+        f = jax.jit(lambda *a: p2p.near_field(*a, True), static_argnums=0)
+        tm = med(f, *args[:-1], r=3)
+        print(f"| {depth} | jnp | 64 | {tm * 1e3:.2f} | {pairs / tm:.3g} |", flush=True)
+
+    print("\n## whole fmm(), N = 2^20 uniform, float32, eps 1e-5, potential + gradient\n")
+    print("| backend | leaf size | p | total ms | first call s | err phi |\n|---|---|---|---|---|---|")
+    xs = np.asarray(x)
+    sample = rng.choice(n, 500, replace=False)
+    ref = ref_phi(xs.astype(np.float64), np.asarray(q)[:, 0].astype(np.float64),
+                  xs[sample].astype(np.float64))
+    for mode in ("pallas", "jnp"):
+        for leaf in (None, 32, 256):
+            backend.set_backend(mode)
+            f = jax.jit(lambda a, c, leaf=leaf: jfmm.fmm(a, c, eps=1e-5, gradient=True,
+                                                         leaf_size=leaf))
+            t0 = time.perf_counter()
+            try:
+                phi = np.asarray(jax.block_until_ready(f(x, q[:, 0])))
+            except Exception as e:
+                print(f"| {mode} | {leaf} | failed: {str(e).splitlines()[0][:200]} |")
+                continue
+            first = time.perf_counter() - t0
+            tm = med(f, x, q[:, 0])
+            err = np.linalg.norm(phi[sample] - ref) / np.linalg.norm(ref)
+            print(f"| {mode} | {leaf or laplace3d.leaf_size(11)} | 11 | {tm * 1e3:.2f} | "
+                  f"{first:.1f} | {err:.2e} |", flush=True)
+    backend.set_backend("auto")
+
+
+if __name__ == "__main__":
+    main()

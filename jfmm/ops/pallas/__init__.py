@@ -1,0 +1,1 @@
+"""Pallas kernels, each with the signature of the jnp operator it accelerates."""

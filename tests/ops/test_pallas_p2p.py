@@ -1,0 +1,61 @@
+"""The Pallas P2P kernel (interpret mode) against the jnp specification."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import rel
+
+from jfmm import kernels
+from jfmm.ops import backend, p2p
+from jfmm.ops.pallas import p2p as pallas_p2p
+from jfmm.tree import build, lists
+
+
+def _case(rng, n_src, n_tgt, crowded):
+    x = rng.random((n_src, 3))
+    y = rng.random((n_tgt, 3))
+    if crowded:  # one leaf holds most points; many leaves are empty
+        x[: n_src * 3 // 4] = 0.8 + 1e-3 * rng.random((n_src * 3 // 4, 3))
+        y[: n_tgt // 2] = 0.8 + 1e-3 * rng.random((n_tgt // 2, 3))
+        x[5] = y[3]  # a coincident source-target pair
+    return x, y
+
+
+@pytest.mark.parametrize("n_src,n_tgt,crowded,k,gradient,dtype", [
+    (301, 97, True, 1, True, np.float64),
+    (77, 203, False, 2, True, np.float32),
+    (150, 150, True, 1, False, np.float32),
+])
+def test_near_field_matches_jnp(n_src, n_tgt, crowded, k, gradient, dtype, rng):
+    x, y = _case(rng, n_src, n_tgt, crowded)
+    q = rng.random((n_src, k)) - 0.5
+    t = build(jnp.asarray(x, dtype), jnp.asarray(y, dtype), 2)
+    qs = jnp.asarray(q, dtype)[t.src_perm]
+    args = (kernels.Laplace3D(), t.tgt_sorted, t.tgt_start, t.src_sorted, qs, t.src_start,
+            lists.neighbors(2, 3), gradient)
+    want = p2p.near_field(*args)
+    got = pallas_p2p.near_field(*args, blocks=pallas_p2p.Blocks(16, 32), interpret=True)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    assert got[0].dtype == dtype
+    assert rel(got[0], np.asarray(want[0])) < tol
+    if gradient:
+        assert rel(got[1], np.asarray(want[1])) < tol
+    assert np.isfinite(got[0]).all()
+
+
+def test_dense_matches_jnp(rng):
+    x, y, q = rng.random((133, 3)), rng.random((70, 3)), rng.random((133, 1)) - 0.5
+    x[0] = y[0]
+    want = p2p.dense(kernels.Laplace3D(), jnp.asarray(y), jnp.asarray(x), jnp.asarray(q), True)
+    backend.set_backend("interpret")
+    try:
+        got = backend.dense(kernels.Laplace3D(), jnp.asarray(y), jnp.asarray(x),
+                            jnp.asarray(q), True)
+    finally:
+        backend.set_backend("auto")
+    assert rel(got[0], np.asarray(want[0])) < 1e-12
+    assert rel(got[1], np.asarray(want[1])) < 1e-12
+
+
+def test_bad_backend_name():
+    with pytest.raises(ValueError, match="backend"):
+        backend.set_backend("cuda")
