@@ -120,7 +120,7 @@ def main():
                                                          leaf_size=leaf))
             t0 = time.perf_counter()
             try:
-                phi = np.asarray(jax.block_until_ready(f(x, q[:, 0])))
+                phi = np.asarray(jax.block_until_ready(f(x, q[:, 0]))[0])
             except Exception as e:
                 print(f"| {mode} | {leaf} | failed: {str(e).splitlines()[0][:200]} |")
                 continue
