@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jfmm  # noqa: E402
 
 driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
-from jfmm.ops import laplace3d, p2p  # noqa: E402
+from jfmm.ops import backend, laplace3d  # noqa: E402
 from jfmm.tree import build as build_tree, choose_depth, lists  # noqa: E402
 
 
@@ -94,9 +94,9 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng):
         u = (t.tgt_sorted - t.leaf_centers(t.tgt_leaf)) / h
         return laplace3d.l2p(u, lc[t.tgt_leaf], h, p, True)
 
-    near = jax.jit(lambda t, c: p2p.near_field(
+    near = jax.jit(lambda t, c: backend.near_field(
         kernel, t.tgt_sorted, t.tgt_start, t.src_sorted, c, t.src_start,
-        lists.neighbors(t.depth, 3), True))
+        lists.neighbors(t.depth, 3), True, backend.current()))
     t_up = median_time(up, tree, qs, repeats=repeats) if depth >= 2 else 0.0
     t_down = median_time(down, tree, mult, repeats=repeats) if depth >= 2 else 0.0
     t_l2p = median_time(jax.jit(l2p), tree, loc, repeats=repeats) if depth >= 2 else 0.0
@@ -142,7 +142,7 @@ def main():
     dtype = np.dtype(args.dtype).type
     rng = np.random.default_rng(args.seed)
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}")
+          f"{time.strftime('%Y-%m-%d')}, near field: {backend.current()}")
     print(HEADER)
     ns = [args.n] if args.n else [2 ** k for k in range(args.nmin, args.nmax + 1)]
     orders = [int(o) for o in args.orders.split(",")] if args.orders else [None]

@@ -99,9 +99,9 @@ def _finish(phi, grad, squeeze: bool, gradient: bool):
 
 # ------------------------------------------------------------------ direct
 
-@functools.partial(jax.jit, static_argnames=("gradient",))
-def _direct(sources, charges, targets, kernel, gradient):
-    return backend.dense(kernel, targets, sources, charges, gradient)
+@functools.partial(jax.jit, static_argnames=("gradient", "mode"))
+def _direct(sources, charges, targets, kernel, gradient, mode):
+    return backend.dense(kernel, targets, sources, charges, gradient, mode)
 
 
 def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient=False):
@@ -114,7 +114,7 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
     """
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     phi, grad = _direct(sources, charges, sources if targets is None else targets,
-                        kernel, gradient)
+                        kernel, gradient, backend.current())
     return _finish(phi, grad, squeeze, gradient)
 
 
@@ -129,12 +129,12 @@ def _order(kernel, dim, eps, dtype, order):
     return int(order)
 
 
-@functools.partial(jax.jit, static_argnames=("p", "depth", "gradient"))
-def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient):
+@functools.partial(jax.jit, static_argnames=("p", "depth", "gradient", "mode"))
+def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient, mode):
     tree = _tree.build(sources, targets, depth)
     family = _fmm.family_for(kernel, tree.dim)
     ops = _fmm.operators(family, p, tree.dim, sources.dtype) if depth >= 2 else None
-    return _fmm.evaluate(tree, charges, kernel, family, p, ops, gradient)
+    return _fmm.evaluate(tree, charges, kernel, family, p, ops, gradient, mode)
 
 
 def _depth(n_src, n_tgt, dim, leaf_size, family, p):
@@ -168,7 +168,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     eps = _resolve_eps(eps, sources.dtype)
     p = _order(kernel, dim, eps, sources.dtype, order)
     depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, _fmm.family_for(kernel, dim), p)
-    phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient)
+    phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient,
+                         backend.current())
     return _finish(phi, grad, squeeze, gradient)
 
 
@@ -208,7 +209,7 @@ class Plan:
         charges = charges.astype(self.tree.src_sorted.dtype)
         if squeeze:
             charges = charges[:, None]
-        phi, grad = _apply_jit(self, charges, gradient)
+        phi, grad = _apply_jit(self, charges, gradient, backend.current())
         return _finish(phi, grad, squeeze, gradient)
 
     def update(self, sources, targets=None):
@@ -228,11 +229,11 @@ class Plan:
         return dataclasses.replace(self, tree=tree)
 
 
-@functools.partial(jax.jit, static_argnames=("gradient",))
-def _apply_jit(plan_, charges, gradient):
+@functools.partial(jax.jit, static_argnames=("gradient", "mode"))
+def _apply_jit(plan_, charges, gradient, mode):
     family = _fmm.family_for(plan_.kernel, plan_.tree.dim)
     return _fmm.evaluate(plan_.tree, charges, plan_.kernel, family, plan_.p, plan_.ops,
-                         gradient)
+                         gradient, mode)
 
 
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))

@@ -54,17 +54,18 @@ def downward(tree: Tree, mult, ops):
 
 
 def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
-             gradient: bool):
+             gradient: bool, mode: str = "jnp"):
     """phi (M, K) and grad (M, K, d) or None at the targets, caller's order.
 
     charges: (N, K) in the caller's source order; family: the expansion
     family (see jfmm.ops) with its operators `ops` at order p, unused when
-    the tree is shallower than 2.
+    the tree is shallower than 2; mode: the near-field backend
+    (jfmm.ops.backend).
     """
     q_sorted = charges[tree.src_perm]
     near = lists.neighbors(tree.depth, tree.dim)
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
-                                   q_sorted, tree.src_start, near, gradient)
+                                   q_sorted, tree.src_start, near, gradient, mode)
     if tree.depth >= 2:
         loc = downward(tree, upward(tree, q_sorted, family, ops, p), ops)
         h = tree.box_side(tree.depth)

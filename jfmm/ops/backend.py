@@ -3,8 +3,8 @@
 Modes: "auto" (Pallas on GPU, jnp elsewhere), "jnp", "pallas" (compiled;
 GPU only), "interpret" (Pallas kernels run by the Pallas interpreter: how the
 CPU tests check them). Set with `set_backend` or the JFMM_BACKEND environment
-variable; the choice is read when a function is traced, so set it before the
-first call (jit caches keep what they were traced with).
+variable. The public calls resolve the mode (`current()`) when they are called
+and pass it down as a static argument, so it is part of every jit cache key.
 """
 from __future__ import annotations
 
@@ -31,16 +31,16 @@ def set_backend(mode: str, blocks: pallas_p2p.Blocks | None = None) -> None:
         _blocks = blocks
 
 
-def _resolved() -> str:
+def current() -> str:
+    """The resolved mode: "jnp", "pallas" or "interpret"."""
     if _mode == "auto":
         return "pallas" if jax.default_backend() == "gpu" else "jnp"
     return _mode
 
 
 def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
-               gradient: bool):
-    """`jfmm.ops.p2p.near_field` on the chosen backend."""
-    mode = _resolved()
+               gradient: bool, mode: str):
+    """`jfmm.ops.p2p.near_field` on backend `mode` (see `current`)."""
     if mode == "jnp":
         return p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
                               src_start, near, gradient)
@@ -49,14 +49,13 @@ def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, n
                                  interpret=mode == "interpret")
 
 
-def dense(kernel, targets, sources, charges, gradient: bool):
-    """All-pairs sum on the chosen backend: the Pallas path is the near-field
+def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
+    """All-pairs sum on backend `mode`: the Pallas path is the near-field
     kernel on a one-leaf tree whose only neighbour is itself."""
-    mode = _resolved()
     if mode == "jnp":
         return p2p.dense(kernel, targets, sources, charges, gradient)
     m, n = targets.shape[0], sources.shape[0]
     t_start = jnp.array([0, m, m], jnp.int32)
     s_start = jnp.array([0, n, n], jnp.int32)
     return near_field(kernel, targets, t_start, sources, charges, s_start,
-                      jnp.zeros((1, 1), jnp.int32), gradient)
+                      jnp.zeros((1, 1), jnp.int32), gradient, mode)

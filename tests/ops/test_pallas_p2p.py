@@ -2,7 +2,9 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rel
+from conftest import reference, rel
+
+import jfmm
 
 from jfmm import kernels
 from jfmm.ops import backend, p2p
@@ -46,14 +48,24 @@ def test_dense_matches_jnp(rng):
     x, y, q = rng.random((133, 3)), rng.random((70, 3)), rng.random((133, 1)) - 0.5
     x[0] = y[0]
     want = p2p.dense(kernels.Laplace3D(), jnp.asarray(y), jnp.asarray(x), jnp.asarray(q), True)
-    backend.set_backend("interpret")
-    try:
-        got = backend.dense(kernels.Laplace3D(), jnp.asarray(y), jnp.asarray(x),
-                            jnp.asarray(q), True)
-    finally:
-        backend.set_backend("auto")
+    got = backend.dense(kernels.Laplace3D(), jnp.asarray(y), jnp.asarray(x),
+                        jnp.asarray(q), True, "interpret")
     assert rel(got[0], np.asarray(want[0])) < 1e-12
     assert rel(got[1], np.asarray(want[1])) < 1e-12
+
+
+def test_fmm_through_interpreted_kernel(rng):
+    """The public call with the Pallas kernel (interpreted) in its near field."""
+    x, q = rng.random((500, 3)), rng.random(500) - 0.5
+    backend.set_backend("interpret")
+    try:
+        phi, grad = jfmm.fmm(x, q, eps=1e-8, gradient=True, leaf_size=16)
+        direct = jfmm.direct(x[:100], q[:100])
+    finally:
+        backend.set_backend("auto")
+    ref, gref = reference(x, q)
+    assert rel(phi, ref) < 1e-8 and rel(grad, gref) < 1e-7
+    assert rel(direct, reference(x[:100], q[:100])[0]) < 1e-13
 
 
 def test_bad_backend_name():
