@@ -22,30 +22,17 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jfmm  # noqa: E402
-from jfmm import kernels  # noqa: E402
+from jfmm import _reference, kernels  # noqa: E402
 from jfmm.ops import backend, laplace3d, p2p  # noqa: E402
 from jfmm.ops.pallas import p2p as pallas_p2p  # noqa: E402
-from jfmm.tree import build, choose_depth, lists  # noqa: E402
+from jfmm.tree import build, lists  # noqa: E402
+from bench_laplace import median_time  # noqa: E402
 
 K = kernels.Laplace3D()
 
 
-def med(f, *a, r=5):
-    jax.block_until_ready(f(*a))
-    ts = []
-    for _ in range(r):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*a))
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
-
-
 def ref_phi(x, q, y):
-    out = np.zeros(len(y))
-    for s in range(0, len(y), 64):
-        r = np.sqrt(((y[s:s + 64, None] - x[None]) ** 2).sum(-1))
-        out[s:s + 64] = np.divide(1.0, r, out=np.zeros_like(r), where=r > 0) @ q
-    return out
+    return _reference.laplace3d(x, q, y)[0]
 
 
 def main():
@@ -67,7 +54,7 @@ def main():
             f = jax.jit(lambda a, c, b=b: pallas_p2p.near_field(
                 K, a, t_start, a, c, t_start, jnp.zeros((1, 1), jnp.int32), True, blocks=b))
             try:
-                t = med(f, xd, qd)
+                t = median_time(f, xd, qd, repeats=5)
             except Exception as e:  # report and go on: one run must give every number it can
                 print(f"| {n:,} | pallas | {b} | failed: {str(e).splitlines()[0][:200]} |")
                 continue
@@ -76,7 +63,7 @@ def main():
             print(f"| {n:,} | pallas | {b.targets} x {b.sources}, {b.num_warps} | {t * 1e3:.2f} | "
                   f"{n * n / t:.3g} | {err:.1e} |", flush=True)
         g = jax.jit(lambda a, c: p2p.dense(K, a, a, c, True))
-        t = med(g, xd, qd, r=3)
+        t = median_time(g, xd, qd, repeats=3)
         print(f"| {n:,} | jnp | 256 x 256 | {t * 1e3:.2f} | {n * n / t:.3g} | - |", flush=True)
 
     print("\n## FMM near field, N = 2^20 uniform, float32, potential + gradient\n")
@@ -97,14 +84,14 @@ def main():
             f = jax.jit(lambda *a, b=b: pallas_p2p.near_field(*a[:1], *a[1:], True, blocks=b),
                         static_argnums=0)
             try:
-                tm = med(f, *args[:-1])
+                tm = median_time(f, *args[:-1], repeats=5)
             except Exception as e:
                 print(f"| {depth} | pallas | {b} | failed: {str(e).splitlines()[0][:200]} |")
                 continue
             print(f"| {depth} | pallas | {b.targets} x {b.sources}, {b.num_warps} | {tm * 1e3:.2f} | "
                   f"{pairs / tm:.3g} |", flush=True)
         f = jax.jit(lambda *a: p2p.near_field(*a, True), static_argnums=0)
-        tm = med(f, *args[:-1], r=3)
+        tm = median_time(f, *args[:-1], repeats=3)
         print(f"| {depth} | jnp | 64 | {tm * 1e3:.2f} | {pairs / tm:.3g} |", flush=True)
 
     print("\n## whole fmm(), N = 2^20 uniform, float32, eps 1e-5, potential + gradient\n")
@@ -125,7 +112,7 @@ def main():
                 print(f"| {mode} | {leaf} | failed: {str(e).splitlines()[0][:200]} |")
                 continue
             first = time.perf_counter() - t0
-            tm = med(f, x, q[:, 0])
+            tm = median_time(f, x, q[:, 0], repeats=5)
             err = np.linalg.norm(phi[sample] - ref) / np.linalg.norm(ref)
             print(f"| {mode} | {leaf or laplace3d.leaf_size(11)} | 11 | {tm * 1e3:.2f} | "
                   f"{first:.1f} | {err:.2e} |", flush=True)

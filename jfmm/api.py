@@ -7,7 +7,6 @@ import numbers
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jfmm import fmm as _fmm
 from jfmm import kernels as _kernels

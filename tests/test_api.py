@@ -1,6 +1,5 @@
 """Public surface, input checking, dtypes and the direct sum."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import charges, points, reference, rel

@@ -41,7 +41,6 @@ where d = (child centre - parent centre) / (parent side).
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
