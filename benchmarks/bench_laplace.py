@@ -82,7 +82,8 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng):
     def l2p(t, lc):
         h = t.box_side(t.depth)
         u = (t.tgt_sorted - t.leaf_centers(t.tgt_leaf)) / h
-        return laplace3d.l2p(u, lc[t.tgt_leaf], h, p, True)
+        coef = laplace3d.l2p_coefficients(lc, p, True)
+        return laplace3d.l2p(u, coef[t.tgt_leaf], h, p, True)
 
     near = jax.jit(lambda t, c: backend.near_field(
         kernel, t.tgt_sorted, t.tgt_start, t.src_sorted, c, t.src_start,

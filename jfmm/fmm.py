@@ -70,7 +70,8 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
         loc = downward(tree, upward(tree, q_sorted, family, ops, p), ops)
         h = tree.box_side(tree.depth)
         u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
-        fphi, fgrad = family.l2p(u, loc[tree.tgt_leaf], h, p, gradient)
+        coef = family.l2p_coefficients(loc, p, gradient)
+        fphi, fgrad = family.l2p(u, coef[tree.tgt_leaf], h, p, gradient)
         phi = phi + fphi
         grad = grad + fgrad if gradient else None
     inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(

@@ -148,6 +148,10 @@ class _Counting:
         return q[:, :, None]
 
     @staticmethod
+    def l2p_coefficients(loc, p, gradient):
+        return loc
+
+    @staticmethod
     def l2p(u, loc, h, p, gradient):
         return loc[:, :, 0], None
 

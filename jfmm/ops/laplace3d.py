@@ -195,8 +195,9 @@ def _translation_tables(p: int, kind: str):
     """Static gather tables idx (2, p^2, p^2) int32 and coef (2, p^2, p^2):
     entry (r, c) of the matrix is sum_t coef[t, r, c] * h[idx[t, r, c]].
 
-    kind: 'm2m' | 'l2l' | 'm2l'. The source table H has orders < p for
-    m2m/l2l (regular) and < 2p - 1 for m2l (irregular).
+    kind: 'm2m' | 'l2l' | 'shift' (L2L without the change of box size) |
+    'm2l'. The source table H has orders < p for m2m/l2l/shift (regular)
+    and < 2p - 1 for m2l (irregular).
     """
     q = 2 * p - 1 if kind == "m2l" else p
     size = q * q
@@ -210,6 +211,8 @@ def _translation_tables(p: int, kind: str):
             return 2.0 ** -k, n - k, m - l, True
         if kind == "l2l":
             return 2.0 ** -(n + 1), k - n, l - m, True
+        if kind == "shift":
+            return 1.0, k - n, l - m, True
         return (-1.0) ** n, k + n, l + m, False  # m2l: out index (n,m) <- in (k,l)
 
     def add(want_im, row, col, term, scale):
@@ -306,29 +309,65 @@ def p2m(u, q, p: int):
     return q[:, :, None] * y[:, None, :]
 
 
-def l2p(u, loc, h, p: int, gradient: bool):
+@functools.lru_cache(maxsize=None)
+def _derivative_tables(p: int):
+    """Sparse maps from local coefficients to those of d phi / d u_a.
+
+    Shifting a local expansion's centre by t gives coefficients
+    S(t) L with S linear in the harmonics Y(t) (kind 'shift'); d/dt at t = 0
+    keeps only the degree-1 harmonics, which are linear: Y_1^0 = z,
+    Y_1^1 = (y - i x) / 2. So D_a = S built from Y_1(e_a), exactly, and
+    d phi / d u_a = sum (D_a L) conj(Y(u)). Each row of D_a has a few
+    non-zeros; returns idx (3, P, nnz) int32 and coef (3, P, nnz) float64.
+    """
+    P = p * p
+    tidx, tcoef = _translation_tables(p, "shift")
+    dense = []
+    for a in range(3):
+        h = np.zeros(P + 1)
+        if p > 1:
+            h[1] = 1.0 if a == 2 else 0.0          # Y_1^0 = z
+            h[2] = 0.5 if a == 1 else 0.0          # Re Y_1^1 = y / 2
+            h[3] = -0.5 if a == 0 else 0.0         # Im Y_1^1 = -x / 2
+        dense.append(h[tidx[0]] * tcoef[0] + h[tidx[1]] * tcoef[1])
+    dense = np.stack(dense)                        # (3, P, P)
+    nnz = max(1, int((dense != 0).sum(axis=2).max()))
+    idx = np.zeros((3, P, nnz), np.int32)
+    coef = np.zeros((3, P, nnz))
+    for a in range(3):
+        for r in range(P):
+            cols = np.flatnonzero(dense[a, r])
+            idx[a, r, :len(cols)] = cols
+            coef[a, r, :len(cols)] = dense[a, r, cols]
+    return idx, coef
+
+
+def l2p_coefficients(loc, p: int, gradient: bool):
+    """Per-box coefficient sets that L2P evaluates: (B, K, 1 or 4, P).
+
+    loc: (B, K, P) local expansions. With gradient, the sets of the three
+    derivatives follow the potential's (see `_derivative_tables`).
+    """
+    if not gradient:
+        return loc[:, :, None, :]
+    idx, coef = _derivative_tables(p)
+    d = jnp.sum(loc[:, :, idx] * jnp.asarray(coef, loc.dtype), axis=-1)  # (B, K, 3, P)
+    return jnp.concatenate([loc[:, :, None, :], d], axis=2)
+
+
+def l2p(u, coef, h, p: int, gradient: bool):
     """Evaluate local expansions at targets.
 
-    u: (n, 3) scaled target positions (y - centre) / h; loc: (n, K, p^2);
-    h: (n,) or scalar box side. Returns phi (n, K) and, if gradient,
-    grad (n, K, 3) = d phi / d y.
+    u: (n, 3) scaled target positions (y - centre) / h; coef: (n, K, E, P)
+    from `l2p_coefficients` (E = 4 with gradient, else 1); h: scalar box
+    side. Returns phi (n, K) and, if gradient, grad (n, K, 3) = d phi / d y.
     """
-    w = jnp.asarray(_pair_weight(p), u.dtype)
-    lw = loc * w
-
-    def f(v):
-        return jnp.einsum("nkp,np->nk", lw, regular(v, p),
-                          precision=jax.lax.Precision.HIGHEST)
-
-    h = jnp.asarray(h, u.dtype)
-    hk = h[..., None] if jnp.ndim(h) else h
-    phi = f(u) / hk
+    wy = regular(u, p) * jnp.asarray(_pair_weight(p), u.dtype)
+    out = jnp.einsum("nkep,np->nke", coef, wy, precision=jax.lax.Precision.HIGHEST)
+    phi = out[:, :, 0] / h
     if not gradient:
         return phi, None
-    eye = jnp.eye(3, dtype=u.dtype)
-    grads = [jax.jvp(f, (u,), (jnp.broadcast_to(eye[a], u.shape),))[1] for a in range(3)]
-    grad = jnp.stack(grads, axis=-1) / (hk * hk)[..., None]
-    return phi, grad
+    return phi, out[:, :, 1:] / (h * h)
 
 
 def m2p(u, mult, h, p: int):

@@ -86,8 +86,8 @@ def test_m2m_and_l2l_exact(rng):
         loc = jnp.asarray(rng.normal(size=(1, p * p)))
         lc = loc @ ops.l2l[c].T
         y = _box(rng, 30, zc, 0.5)
-        phi_p, _ = L.l2p(jnp.asarray(y), jnp.broadcast_to(loc, (30, 1, p * p)), 1.0, p, False)
-        phi_c, _ = L.l2p(jnp.asarray((y - zc) / 0.5), jnp.broadcast_to(lc, (30, 1, p * p)),
+        phi_p, _ = L.l2p(jnp.asarray(y), jnp.broadcast_to(loc, (30, 1, 1, p * p)), 1.0, p, False)
+        phi_c, _ = L.l2p(jnp.asarray((y - zc) / 0.5), jnp.broadcast_to(lc, (30, 1, 1, p * p)),
                          0.5, p, False)
         np.testing.assert_allclose(phi_c, phi_p, rtol=1e-11, atol=1e-11)
 
@@ -107,7 +107,8 @@ def test_m2l_error_falls_with_p(which, rng):
         ops = L.operators(p, OFFS, jnp.float64)
         m = L.p2m(jnp.asarray(x / h), jnp.asarray(q)[:, None], p).sum(0)
         loc = m @ ops.m2l[which].T
-        phi, grad = L.l2p(jnp.asarray((y - w) / h), jnp.broadcast_to(loc, (40,) + loc.shape),
+        coef = L.l2p_coefficients(loc[None], p, True)[0]
+        phi, grad = L.l2p(jnp.asarray((y - w) / h), jnp.broadcast_to(coef, (40,) + coef.shape),
                           h, p, True)
         errs.append((rel(phi[:, 0], ref), rel(grad[:, 0], gref)))
     for (e0, g0), (e1, g1) in zip(errs, errs[1:]):
