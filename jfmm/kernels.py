@@ -37,6 +37,16 @@ class Kernel:
         """
         return jax.jvp(self.radial, (r,), (jnp.ones_like(r),))
 
+    def from_r2(self, r2, gradient: bool):
+        """K(r) and, if gradient, K'(r) / r, from r^2 > 0 (the P2P inner loop:
+        d/dy K(|y - x|) = (K'(r) / r) (y - x)). Kernels may override this
+        with a cheaper closed form."""
+        r = jnp.sqrt(r2)
+        if not gradient:
+            return self.radial(r), None
+        k, dk = self.value_and_derivative(r)
+        return k, dk / r
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +61,11 @@ class Laplace3D(Kernel):
 
     def radial(self, r):
         return 1.0 / r
+
+    def from_r2(self, r2, gradient: bool):
+        # One rsqrt instead of two square roots and three divisions.
+        inv = jax.lax.rsqrt(r2)
+        return inv, (-inv * inv * inv if gradient else None)
 
 
 _BY_NAME = {"laplace3d": Laplace3D}

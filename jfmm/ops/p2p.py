@@ -18,6 +18,24 @@ from jfmm.kernels import Kernel
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
+def pair_terms(kernel: Kernel, r2, live, gradient: bool):
+    """K(r) and K'(r)/r for a tile of squared distances, zero where not live.
+
+    Singular kernels also give 0 at r = 0; smooth ones give K(0) there, with a
+    zero gradient. Shared by the jnp and Pallas tiles.
+    """
+    pos = r2 > 0
+    if kernel.singular:
+        live = live & pos
+    k, g = kernel.from_r2(jnp.where(pos, r2, 1.0), gradient)
+    if not kernel.singular:
+        k = jnp.where(pos, k, kernel.radial(jnp.zeros((), r2.dtype)))
+    k = jnp.where(live, k, 0.0)
+    if gradient:
+        g = jnp.where(live & pos, g, 0.0)
+    return k, g
+
+
 def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
     """Sum over a tile of sources for a tile of targets.
 
@@ -27,22 +45,10 @@ def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
     """
     diff = y[:, None, :] - x[None, :, :]
     r2 = jnp.sum(diff * diff, axis=-1)
-    live = mask[None, :]
-    if kernel.singular:
-        live = live & (r2 > 0)
-    safe_r2 = jnp.where(r2 > 0, r2, 1.0)
-    r = jnp.where(r2 > 0, jnp.sqrt(safe_r2), 0.0)
-    r_eval = jnp.where(live, r, 1.0) if kernel.singular else r
-    if gradient:
-        k, dk = kernel.value_and_derivative(r_eval)
-    else:
-        k, dk = kernel.radial(r_eval), None
-    k = jnp.where(live, k, 0.0)
+    k, g = pair_terms(kernel, r2, jnp.broadcast_to(mask[None, :], r2.shape), gradient)
     phi = jnp.einsum("ts,sk->tk", k, q, precision=HIGHEST)
     if not gradient:
         return phi, None
-    # d/dy K(|y - x|) = K'(r) (y - x) / r; taken as 0 at r = 0.
-    g = jnp.where(live & (r2 > 0), dk / jnp.sqrt(safe_r2), 0.0)
     grad = jnp.einsum("tsd,sk->tkd", diff * g[..., None], q, precision=HIGHEST)
     return phi, grad
 

@@ -1,4 +1,7 @@
 """The Pallas P2P kernel (interpret mode) against the jnp specification."""
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -71,3 +74,26 @@ def test_fmm_through_interpreted_kernel(rng):
 def test_bad_backend_name():
     with pytest.raises(ValueError, match="backend"):
         backend.set_backend("cuda")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Bump(kernels.Kernel):
+    """A smooth user kernel: K(0) counts, the gradient comes from autodiff."""
+    width: float
+
+    def radial(self, r):
+        return jnp.exp(-(r / self.width) ** 2)
+
+
+@pytest.mark.parametrize("mode", ["jnp", "interpret"])
+def test_smooth_user_kernel_direct(mode, rng):
+    x, y, q = rng.random((90, 3)), rng.random((40, 3)), rng.random((90, 1)) - 0.5
+    y[0] = x[0]  # r = 0 pair: K(0) = 1 included, gradient 0
+    kern = _Bump(jnp.asarray(0.3))
+    phi, grad = backend.dense(kern, jnp.asarray(y), jnp.asarray(x), jnp.asarray(q), True, mode)
+    d = y[:, None, :] - x[None, :, :]
+    e = np.exp(-(d ** 2).sum(-1) / 0.09)
+    np.testing.assert_allclose(phi, e @ q, rtol=1e-12, atol=1e-14)
+    want = np.einsum("tsd,sk->tkd", d * (-2 / 0.09 * e)[..., None], q)
+    np.testing.assert_allclose(grad, want, rtol=1e-11, atol=1e-14)

@@ -43,9 +43,12 @@ def _compiler_params(blocks: Blocks, interpret: bool):
     return plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=1)
 
 
-def _kernel(meta_ref, y_ref, x_ref, q_ref, phi_ref, grad_ref, *, kernel: Kernel,
-            width: int, n_k: int, dim: int, blocks: Blocks, gradient: bool):
-    """One target tile. meta row: [t0, t1, s0[0..width), s1[0..width)]."""
+def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
+            dim: int, blocks: Blocks, gradient: bool):
+    """One target tile. meta row: [t0, t1, s0[0..width), s1[0..width)];
+    refs: the kernel's scalar parameters (each (1,)), then phi and grad."""
+    *param_refs, phi_ref, grad_ref = refs
+    kernel = jax.tree_util.tree_unflatten(treedef, [r[0] for r in param_refs])
     t_sz, s_sz = blocks.targets, blocks.sources
     i = pl.program_id(0)
     t0 = meta_ref[i, 0]
@@ -60,17 +63,7 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, phi_ref, grad_ref, *, kernel: Kernel,
         live = (start + jax.lax.broadcasted_iota(jnp.int32, (t_sz, s_sz), 1)) < end
         diff = [y[a][:, None] - xs[a][None, :] for a in range(dim)]
         r2 = sum(d * d for d in diff)
-        if kernel.singular:
-            live = live & (r2 > 0)
-        safe_r2 = jnp.where(r2 > 0, r2, 1.0)
-        r = jnp.sqrt(safe_r2)
-        r = jnp.where(r2 > 0, r, 0.0) if not kernel.singular else jnp.where(live, r, 1.0)
-        if gradient:
-            kv, dk = kernel.value_and_derivative(r)
-            g = jnp.where(live & (r2 > 0), dk / jnp.sqrt(safe_r2), 0.0)
-        else:
-            kv = kernel.radial(r)
-        kv = jnp.where(live, kv, 0.0)
+        kv, g = ref.pair_terms(kernel, r2, live, gradient)
         out = list(acc)
         for k in range(n_k):
             out[k] = out[k] + kv * qs[k][None, :]
@@ -113,11 +106,16 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     dt = tgt_sorted.dtype
     out_shape = [jax.ShapeDtypeStruct((n_tiles, n_k, t_sz), dt),
                  jax.ShapeDtypeStruct((n_tiles, n_k * dim if gradient else 1, t_sz), dt)]
-    body = functools.partial(_kernel, kernel=kernel, width=width, n_k=n_k, dim=dim,
+    # Kernel parameters are traced values: they enter as inputs, not constants.
+    leaves, treedef = jax.tree_util.tree_flatten(kernel)
+    if any(jnp.ndim(leaf) for leaf in leaves):
+        raise NotImplementedError("the Pallas P2P kernel takes scalar kernel parameters only")
+    params = [jnp.reshape(jnp.asarray(leaf, dt), (1,)) for leaf in leaves]
+    body = functools.partial(_kernel, treedef=treedef, width=width, n_k=n_k, dim=dim,
                              blocks=blocks, gradient=gradient)
     phi_t, grad_t = pl.pallas_call(
         body, out_shape=out_shape, grid=(n_tiles,), interpret=interpret,
-        compiler_params=_compiler_params(blocks, interpret))(meta, y, x, q)
+        compiler_params=_compiler_params(blocks, interpret))(meta, y, x, q, *params)
     rows = t0[:, None] + jnp.arange(t_sz)[None, :]
     rows = jnp.where(rows < t1[:, None], rows, m).reshape(-1)
     phi = jnp.zeros((m + 1, n_k), dt).at[rows].set(
