@@ -128,12 +128,56 @@ def _order(kernel, dim, eps, dtype, order):
     return int(order)
 
 
-@functools.partial(jax.jit, static_argnames=("p", "depth", "gradient", "mode"))
-def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient, mode):
+def _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode):
+    """Build the tree and run the passes: phi (M, K), grad (M, K, d) or None."""
     tree = _tree.build(sources, targets, depth)
     family = _fmm.family_for(kernel, tree.dim)
     ops = _fmm.operators(family, p, tree.dim, sources.dtype) if depth >= 2 else None
     return _fmm.evaluate(tree, charges, kernel, family, p, ops, gradient, mode)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _potential(sources, charges, targets, kernel, p, depth, mode):
+    """phi (M, K) with a reverse-mode rule built from two FMM calls."""
+    return _fmm_eval(sources, charges, targets, kernel, p, depth, False, mode)[0]
+
+
+def _potential_fwd(sources, charges, targets, kernel, p, depth, mode):
+    phi = _potential(sources, charges, targets, kernel, p, depth, mode)
+    return phi, (sources, charges, targets, kernel)
+
+
+def _potential_bwd(p, depth, mode, res, g):
+    """Cotangents of phi_j = sum_i q_i K(|y_j - x_i|) for cotangent g (M, K).
+
+    dq_i = sum_j g_j K(|x_i - y_j|): the FMM with the roles swapped (K is
+    symmetric); dy_j = g_j . grad phi(y_j): the forward FMM's gradient;
+    dx_i = q_i . grad_x psi(x_i), psi(x) = sum_j g_j K(|x - y_j|): the swapped
+    FMM's gradient. Two FMM calls with gradient, memory O(N + M).
+    """
+    x, q, y, kernel = res
+    if jax.tree_util.tree_leaves(kernel):
+        raise NotImplementedError(
+            f"gradients through fmm with respect to {type(kernel).__name__}'s "
+            "parameters are not implemented yet")
+    y_pts = x if y is None else y
+    _, grad_y = _fmm_eval(x, q, y, kernel, p, depth, True, mode)
+    psi, grad_psi = _fmm_eval(y_pts, g, x, kernel, p, depth, True, mode)
+    dx = jnp.einsum("nk,nkd->nd", q, grad_psi)
+    dy = jnp.einsum("mk,mkd->md", g, grad_y)
+    if y is None:
+        dx, dy = dx + dy, None
+    return dx, psi, dy, kernel
+
+
+_potential.defvjp(_potential_fwd, _potential_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("p", "depth", "gradient", "mode"))
+def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient, mode):
+    if not gradient:
+        return _potential(sources, charges, targets, kernel, p, depth, mode), None
+    return _fmm_eval(sources, charges, targets, kernel, p, depth, True, mode)
 
 
 def _depth(n_src, n_tgt, dim, leaf_size, family, p):
@@ -159,6 +203,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     array sizes follow from input shapes alone, so no input of given shapes
     can overflow anything. Non-finite coordinates raise eagerly and give NaN
     results under jit.
+
+    Reverse-mode differentiation (jax.grad, jax.vjp) of the potential
+    (gradient=False) with respect to sources, charges and targets runs two
+    FMM calls (the adjoint is the FMM with sources and targets swapped).
+    Not yet: reverse mode through gradient=True outputs, forward mode, and
+    derivatives with respect to kernel parameters.
     """
     _check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
