@@ -39,8 +39,12 @@ def _check_points(name: str, x, dims):
         raise ValueError(f"{name} is empty; pass at least one point")
     if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
         raise TypeError(f"{name} must be real numbers, got dtype {x.dtype}")
-    if _concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
-        raise ValueError(f"{name} contains NaN or inf coordinates")
+    if _concrete(x):
+        # Eager even inside a jit trace, where x may be a captured constant.
+        with jax.ensure_compile_time_eval():
+            finite = bool(jnp.all(jnp.isfinite(x)))
+        if not finite:
+            raise ValueError(f"{name} contains NaN or inf coordinates")
     return x
 
 
@@ -143,8 +147,10 @@ def _potential(sources, charges, targets, kernel, p, depth, mode):
 
 
 def _potential_fwd(sources, charges, targets, kernel, p, depth, mode):
-    phi = _potential(sources, charges, targets, kernel, p, depth, mode)
-    return phi, (sources, charges, targets, kernel)
+    # The gradient at the targets is kept for the backward pass (O(M) memory),
+    # so the backward pass needs one more FMM, not two.
+    phi, grad = _fmm_eval(sources, charges, targets, kernel, p, depth, True, mode)
+    return phi, (sources, charges, targets, kernel, grad)
 
 
 def _potential_bwd(p, depth, mode, res, g):
@@ -153,21 +159,21 @@ def _potential_bwd(p, depth, mode, res, g):
     dq_i = sum_j g_j K(|x_i - y_j|): the FMM with the roles swapped (K is
     symmetric); dy_j = g_j . grad phi(y_j): the forward FMM's gradient;
     dx_i = q_i . grad_x psi(x_i), psi(x) = sum_j g_j K(|x - y_j|): the swapped
-    FMM's gradient. Two FMM calls with gradient, memory O(N + M).
+    FMM's gradient. With the forward call's gradient that is one FMM here,
+    memory O(N + M).
     """
-    x, q, y, kernel = res
+    x, q, y, kernel, grad_y = res
     if jax.tree_util.tree_leaves(kernel):
         raise NotImplementedError(
             f"gradients through fmm with respect to {type(kernel).__name__}'s "
             "parameters are not implemented yet")
     y_pts = x if y is None else y
-    _, grad_y = _fmm_eval(x, q, y, kernel, p, depth, True, mode)
     psi, grad_psi = _fmm_eval(y_pts, g, x, kernel, p, depth, True, mode)
     dx = jnp.einsum("nk,nkd->nd", q, grad_psi)
     dy = jnp.einsum("mk,mkd->md", g, grad_y)
     if y is None:
         dx, dy = dx + dy, None
-    return dx, psi, dy, kernel
+    return dx, psi, dy, kernel  # a kernel without leaves is its own zero cotangent
 
 
 _potential.defvjp(_potential_fwd, _potential_bwd)
@@ -205,8 +211,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     results under jit.
 
     Reverse-mode differentiation (jax.grad, jax.vjp) of the potential
-    (gradient=False) with respect to sources, charges and targets runs two
-    FMM calls (the adjoint is the FMM with sources and targets swapped).
+    (gradient=False) with respect to sources, charges and targets costs two
+    FMM calls with gradient: the forward one and its adjoint, the FMM with
+    sources and targets swapped.
     Not yet: reverse mode through gradient=True outputs, forward mode, and
     derivatives with respect to kernel parameters.
     """
