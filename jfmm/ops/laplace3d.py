@@ -52,11 +52,6 @@ from jfmm.tree import lists
 DIM = 3
 
 
-def n_coef(p: int) -> int:
-    """Number of real coefficients of an order-p expansion (degrees 0..p-1)."""
-    return p * p
-
-
 def _index(n: int, m: int, part: int) -> int:
     """Flat index of (degree n, order m >= 0, part 0=Re 1=Im)."""
     return n * n + (0 if m == 0 else 2 * m - 1 + part)
