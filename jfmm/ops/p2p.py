@@ -117,6 +117,23 @@ def _tiles(tgt_start, n_tgt: int, tile: int):
     return leaf, t0, t1
 
 
+def scatter_tiles(phi_t, grad_t, t0, t1, m: int):
+    """Per-tile results back to sorted target rows.
+
+    phi_t (n_tiles, T, K), grad_t (n_tiles, T, K, d) or None; tile k holds
+    rows [t0[k], t1[k]). Rows past a tile's end go to a dropped row m.
+    """
+    n_tiles, tile = phi_t.shape[:2]
+    rows = t0[:, None] + jnp.arange(tile)[None, :]
+    rows = jnp.where(rows < t1[:, None], rows, m).reshape(-1)
+
+    def put(t):
+        flat = t.reshape((-1,) + t.shape[2:])
+        return jnp.zeros((m + 1,) + flat.shape[1:], t.dtype).at[rows].set(flat)[:m]
+
+    return put(phi_t), None if grad_t is None else put(grad_t)
+
+
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
                near, gradient: bool, tile: int = 64, batch: int | None = None):
     """Sum over the sources of each target leaf's near neighbours.
@@ -156,12 +173,4 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
         return jax.lax.fori_loop(0, cum[-1], body, init)
 
     phi_t, grad_t = _map(one_tile, (leaf, t0, t1), batch or default_batch(leaf.shape[0]))
-    # Scatter tiles back; rows past a tile's end go to a dump row m.
-    rows = t0[:, None] + jnp.arange(tile)[None, :]
-    rows = jnp.where(rows < t1[:, None], rows, m).reshape(-1)
-    phi = jnp.zeros((m + 1, kq), phi_t.dtype).at[rows].set(phi_t.reshape(-1, kq))[:m]
-    grad = None
-    if gradient:
-        grad = jnp.zeros((m + 1, kq, d), grad_t.dtype).at[rows].set(
-            grad_t.reshape(-1, kq, d))[:m]
-    return phi, grad
+    return scatter_tiles(phi_t, grad_t, t0, t1, m)

@@ -1,6 +1,7 @@
 """Uniform-depth octree (quadtree in 2D) over sources and targets, on device.
 
-Both point sets share one root box, the smallest cube around all of them.
+Both point sets share one root box, a cube around all of them with small
+unequal margins (see `_root_box`).
 Each set is sorted by the Morton key of its leaf; a leaf's points are then a
 contiguous range [start[b], start[b + 1]) of the sorted array, so "the points
 of a box" is two integers.

@@ -116,12 +116,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     phi_t, grad_t = pl.pallas_call(
         body, out_shape=out_shape, grid=(n_tiles,), interpret=interpret,
         compiler_params=_compiler_params(blocks, interpret))(meta, y, x, q, *params)
-    rows = t0[:, None] + jnp.arange(t_sz)[None, :]
-    rows = jnp.where(rows < t1[:, None], rows, m).reshape(-1)
-    phi = jnp.zeros((m + 1, n_k), dt).at[rows].set(
-        jnp.swapaxes(phi_t, 1, 2).reshape(-1, n_k))[:m]
     grad = None
-    if gradient:
-        g = jnp.swapaxes(grad_t, 1, 2).reshape(-1, n_k, dim)
-        grad = jnp.zeros((m + 1, n_k, dim), dt).at[rows].set(g)[:m]
-    return phi, grad
+    if gradient:  # (tiles, K * dim, T) -> (tiles, T, K, dim)
+        grad = jnp.transpose(grad_t.reshape(n_tiles, n_k, dim, t_sz), (0, 3, 1, 2))
+    return ref.scatter_tiles(jnp.swapaxes(phi_t, 1, 2), grad, t0, t1, m)
