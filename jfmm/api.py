@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from jfmm import fmm as _fmm
 from jfmm import kernels as _kernels
+from jfmm import primitive as _primitive
 from jfmm import tree as _tree
 from jfmm.ops import backend
 
@@ -133,57 +134,21 @@ def _order(kernel, dim, eps, dtype, order):
 
 
 def _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode):
-    """Build the tree and run the passes: phi (M, K), grad (M, K, d) or None."""
+    """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None."""
     tree = _tree.build(sources, targets, depth)
-    family = _fmm.family_for(kernel, tree.dim)
-    ops = _fmm.operators(family, p, tree.dim, sources.dtype) if depth >= 2 else None
-    return _fmm.evaluate(tree, charges, kernel, family, p, ops, gradient, mode)
+    ops = _fmm.operators(_fmm.family_for(kernel, tree.dim), p, tree.dim, sources.dtype) \
+        if depth >= 2 else None
+    return _evaluate(tree, ops, kernel, charges, p, gradient, mode)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _potential(sources, charges, targets, kernel, p, depth, mode):
-    """phi (M, K) with a reverse-mode rule built from two FMM calls."""
-    return _fmm_eval(sources, charges, targets, kernel, p, depth, False, mode)[0]
-
-
-def _potential_fwd(sources, charges, targets, kernel, p, depth, mode):
-    # The gradient at the targets is kept for the backward pass (O(M) memory),
-    # so the backward pass needs one more FMM, not two.
-    phi, grad = _fmm_eval(sources, charges, targets, kernel, p, depth, True, mode)
-    return phi, (sources, charges, targets, kernel, grad)
-
-
-def _potential_bwd(p, depth, mode, res, g):
-    """Cotangents of phi_j = sum_i q_i K(|y_j - x_i|) for cotangent g (M, K).
-
-    dq_i = sum_j g_j K(|x_i - y_j|): the FMM with the roles swapped (K is
-    symmetric); dy_j = g_j . grad phi(y_j): the forward FMM's gradient;
-    dx_i = q_i . grad_x psi(x_i), psi(x) = sum_j g_j K(|x - y_j|): the swapped
-    FMM's gradient. With the forward call's gradient that is one FMM here,
-    memory O(N + M).
-    """
-    x, q, y, kernel, grad_y = res
-    if jax.tree_util.tree_leaves(kernel):
-        raise NotImplementedError(
-            f"gradients through fmm with respect to {type(kernel).__name__}'s "
-            "parameters are not implemented yet")
-    y_pts = x if y is None else y
-    psi, grad_psi = _fmm_eval(y_pts, g, x, kernel, p, depth, True, mode)
-    dx = jnp.einsum("nk,nkd->nd", q, grad_psi)
-    dy = jnp.einsum("mk,mkd->md", g, grad_y)
-    if y is None:
-        dx, dy = dx + dy, None
-    return dx, psi, dy, kernel  # a kernel without leaves is its own zero cotangent
-
-
-_potential.defvjp(_potential_fwd, _potential_bwd)
+def _evaluate(tree, ops, kernel, charges, p, gradient, mode):
+    outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), p, mode)
+    return outs[0], (outs[1] if gradient else None)
 
 
 @functools.partial(jax.jit, static_argnames=("p", "depth", "gradient", "mode"))
 def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient, mode):
-    if not gradient:
-        return _potential(sources, charges, targets, kernel, p, depth, mode), None
-    return _fmm_eval(sources, charges, targets, kernel, p, depth, True, mode)
+    return _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode)
 
 
 def _depth(n_src, n_tgt, dim, leaf_size, family, p):
@@ -210,12 +175,14 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     can overflow anything. Non-finite coordinates raise eagerly and give NaN
     results under jit.
 
-    Reverse-mode differentiation (jax.grad, jax.vjp) of the potential
-    (gradient=False) with respect to sources, charges and targets costs two
-    FMM calls with gradient: the forward one and its adjoint, the FMM with
-    sources and targets swapped.
-    Not yet: reverse mode through gradient=True outputs, forward mode, and
-    derivatives with respect to kernel parameters.
+    Every JAX transformation works with respect to sources, charges and
+    targets (jfmm.primitive): jax.grad of the potential costs two FMM calls
+    with gradient (the forward one and its adjoint, the FMM with sources and
+    targets swapped), memory O(N + M); vmap over charges is one call with
+    more charge columns; jax.jvp, jacfwd, Hessian-vector products and reverse
+    mode through gradient=True outputs differentiate the approximation in
+    forward mode (slower: jnp near field, one pass per derivative direction).
+    Not yet: derivatives with respect to kernel parameters.
     """
     _check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
@@ -287,9 +254,7 @@ class Plan:
 
 @functools.partial(jax.jit, static_argnames=("gradient", "mode"))
 def _apply_jit(plan_, charges, gradient, mode):
-    family = _fmm.family_for(plan_.kernel, plan_.tree.dim)
-    return _fmm.evaluate(plan_.tree, charges, plan_.kernel, family, plan_.p, plan_.ops,
-                         gradient, mode)
+    return _evaluate(plan_.tree, plan_.ops, plan_.kernel, charges, plan_.p, gradient, mode)
 
 
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))

@@ -62,3 +62,95 @@ def test_vmap_of_grad_over_charge_sets(rng):
     for k in range(3):
         want = jax.grad(lambda q: jnp.sum(jfmm.direct(x, q) ** 2))(qs[k])
         assert rel(g[k], np.asarray(want)) < 10 * EPS
+
+
+@pytest.mark.parametrize("kind,separate", [("cube", False), ("sphere", True), ("cluster", False)])
+def test_jvp_matches_direct(kind, separate, rng):
+    """Forward mode with respect to every input at once."""
+    n, m = 500, 200
+    x, q = points(kind, n, rng), charges(n, rng)
+    y = points(kind, m, rng) if separate else None
+    primals = (x, q) + ((y,) if separate else ())
+    tangents = tuple(rng.normal(size=a.shape) for a in primals)
+
+    def call(f):
+        return lambda *a: f(*a, eps=EPS, leaf_size=8) if f is jfmm.fmm else f(*a)
+
+    got = jax.jvp(call(jfmm.fmm), primals, tangents)
+    want = jax.jvp(call(jfmm.direct), primals, tangents)
+    assert rel(got[0], np.asarray(want[0])) < EPS
+    assert rel(got[1], np.asarray(want[1])) < 10 * EPS
+
+
+def test_jacfwd_and_jacrev_small(rng):
+    n = 50
+    x, q = points("cube", n, rng), charges(n, rng)
+    f = lambda a, b: jfmm.fmm(a, b, eps=1e-7, leaf_size=2)   # noqa: E731 (depth 2)
+    g = lambda a, b: jfmm.direct(a, b)                        # noqa: E731
+    for jac in (jax.jacfwd, jax.jacrev):
+        got = jac(f, (0, 1))(x, q)
+        want = jac(g, (0, 1))(x, q)
+        for a, b in zip(got, want):
+            assert rel(a, np.asarray(b)) < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["cube", "cluster"])
+def test_hessian_vector_product_of_energy(kind, rng):
+    """Forward-over-reverse: d/dt grad E(x + t v), E = 1/2 sum q phi(x)."""
+    x, q = points(kind, 400, rng), charges(400, rng)
+    v = rng.normal(size=x.shape)
+
+    def hvp(phi):
+        energy = lambda a: 0.5 * jnp.sum(q * phi(a))   # noqa: E731
+        return jax.jvp(jax.grad(energy), (x,), (v,))[1]
+
+    got = jax.jit(lambda: hvp(lambda a: jfmm.fmm(a, q, eps=1e-9, leaf_size=8)))()
+    want = hvp(lambda a: jfmm.direct(a, q))
+    assert np.isfinite(got).all()
+    assert rel(got, np.asarray(want)) < 1e-6
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_grad_through_gradient_output(separate, rng):
+    """Reverse mode through the field: loss of grad phi (needs Hessians)."""
+    n, m = 400, 150
+    x, q = points("cube", n, rng), charges(n, rng)
+    y = points("cube", m, rng) if separate else None
+    w = jnp.asarray(rng.normal(size=(m if separate else n, 3)))
+
+    def loss(f):
+        return lambda a, b, c: jnp.sum(w * f(a, b, c)[1])
+
+    fast = loss(lambda a, b, c: jfmm.fmm(a, b, c, eps=1e-9, gradient=True, leaf_size=8))
+    exact = loss(lambda a, b, c: jfmm.direct(a, b, c, gradient=True))
+    argnums = (0, 1, 2) if separate else (0, 1)
+    for a, b in zip(jax.grad(fast, argnums)(x, q, y), jax.grad(exact, argnums)(x, q, y)):
+        assert rel(a, np.asarray(b)) < 1e-6
+
+
+def test_plan_apply_gradients(rng):
+    """Plan.apply: grad in the charges with a fixed plan, and in the points
+    when the plan is built inside the differentiated function."""
+    x, q = points("sphere", 500, rng), charges(500, rng)
+    w = jnp.asarray(rng.normal(size=500))
+    pl = jfmm.plan(x, eps=EPS, leaf_size=8)
+    got = jax.grad(lambda b: jnp.sum(w * pl.apply(b)))(q)
+    want = jax.grad(lambda b: jnp.sum(w * jfmm.direct(x, b)))(q)
+    assert rel(got, np.asarray(want)) < 10 * EPS
+    got = jax.grad(lambda a: jnp.sum(w * jfmm.plan(a, eps=EPS, leaf_size=8).apply(q)))(x)
+    want = jax.grad(lambda a: jnp.sum(w * jfmm.direct(a, q)))(x)
+    assert rel(got, np.asarray(want)) < 10 * EPS
+
+
+def test_vmap_over_point_sets_equals_loop(rng):
+    xs = np.stack([points(k, 300, rng) for k in ("cube", "sphere", "cluster")])
+    qs = np.stack([charges(300, rng) for _ in range(3)])
+    f = lambda a, b: jfmm.fmm(a, b, eps=EPS, leaf_size=8, gradient=True)   # noqa: E731
+    phi, grad = jax.jit(jax.vmap(f))(xs, qs)
+    dx = jax.vmap(jax.grad(lambda a, b: jnp.sum(f(a, b)[0] ** 2)))(xs, qs)
+    for i in range(3):
+        p1, g1 = f(xs[i], qs[i])
+        np.testing.assert_allclose(phi[i], p1, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(grad[i], g1, rtol=1e-10, atol=1e-10)
+        want = jax.grad(lambda a: jnp.sum(jfmm.direct(a, qs[i]) ** 2))(xs[i])
+        assert rel(dx[i], np.asarray(want)) < 10 * EPS

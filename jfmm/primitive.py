@@ -1,0 +1,289 @@
+"""The FMM sum as a JAX primitive, so that every transformation is an FMM call.
+
+For a tree of sources x_j and targets y_i and source weights w_a of orders
+a = 0..A (charges, dipoles, quadrupoles, ...) the primitive computes, for
+c = 0..B,
+
+    out_c(y_i) = sum_a sum_j  D^(a+c) G(y_i - x_j) [w_a,j]      (M, K, d^c)
+
+G(r) = K(|r|), D^n the n-th derivative tensor with respect to r (that is,
+with respect to the target), w_a (N, K, d^a) contracted with its first a
+indices. out_0 is the potential, out_1 its gradient. The sum is linear in the
+weights, and
+
+  * its transpose is the same sum with sources and targets swapped, weights
+    u_c = (-1)^c ct_c and outputs of orders 0..A, times (-1)^a (G is even);
+  * its derivative along target moves dy is the next output order
+    contracted with dy; along source moves dx it is the sum with weights one
+    order higher, w_(a+1) <- -w_a (x) dx.
+
+So jax.jvp, jax.grad, jacfwd, jacrev, vmap and higher orders all reduce to
+FMM calls, never to stored intermediates. Charges with potential and
+gradient (A = 0, B <= 1) run the fast path, `fmm.evaluate` on the requested
+backend; other orders differentiate the fast path's approximation in forward
+mode on the jnp backend (memory of a forward call; slower, used for forward
+mode and second derivatives).
+
+Tangents of the tree's root box (lo, side) are ignored: the exact sum does
+not depend on where the boxes are. Weights and outputs are in the caller's
+point order; the tree's coordinates are in Morton order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jfmm import fmm as _fmm
+from jfmm.tree import Tree
+
+
+class Spec(NamedTuple):
+    """Static description of one bind (hashable: it is the primitive's param).
+
+    orders: the weight orders present, ascending; B: highest output order;
+    nbatch: leading batch axes on every operand (from vmap over point sets).
+    """
+    tree_def: object
+    ops_def: object
+    kernel_def: object
+    orders: tuple
+    B: int
+    p: int
+    mode: str
+    nbatch: int = 0
+
+
+_ShapedArray = getattr(jax.core, "ShapedArray", None)
+if _ShapedArray is None:  # in case a later jax release moves it
+    from jax._src.core import ShapedArray as _ShapedArray
+
+sum_p = Primitive("jfmm_sum")
+sum_p.multiple_results = True
+
+
+def fmm_sum(tree: Tree, ops, kernel, weights: dict, B: int, p: int, mode: str):
+    """Bind the primitive: weights {order a: (N, K, d^a)} -> [out_0, ..., out_B]."""
+    tl, tdef = jax.tree_util.tree_flatten(tree)
+    ol, odef = jax.tree_util.tree_flatten(ops)
+    kl, kdef = jax.tree_util.tree_flatten(kernel)
+    orders = tuple(sorted(weights))
+    spec = Spec(tdef, odef, kdef, orders, B, p, mode)
+    return sum_p.bind(*tl, *ol, *kl, *(weights[a] for a in orders), spec=spec)
+
+
+def _split(args, spec: Spec):
+    """Operands -> (tree leaves, ops leaves, kernel leaves, {order: weights})."""
+    nt, no = spec.tree_def.num_leaves, spec.ops_def.num_leaves
+    nk = spec.kernel_def.num_leaves
+    tl, ol, kl = args[:nt], args[nt:nt + no], args[nt + no:nt + no + nk]
+    ws = dict(zip(spec.orders, args[nt + no + nk:]))
+    return list(tl), list(ol), list(kl), ws
+
+
+def _unflatten(spec: Spec, tl, ol, kl):
+    return (spec.tree_def.unflatten(tl), spec.ops_def.unflatten(ol),
+            spec.kernel_def.unflatten(kl))
+
+
+def _rebind(spec: Spec, tl, ol, kl, ws: dict, B: int):
+    spec = spec._replace(orders=tuple(sorted(ws)), B=B)
+    return sum_p.bind(*tl, *ol, *kl, *(ws[a] for a in spec.orders), spec=spec)
+
+
+# ------------------------------------------------------------------ evaluation
+
+def _block(tree: Tree, ops, kernel, family, p: int, w, a: int, c: int):
+    """sum_j D^(a+c) G(y_i - x_j)[w_j] for one weight order: (M, K) + (d,)*c.
+
+    G depends on y - x only, so every derivative is taken at the target: for
+    each multi-index m of the weight's a axes, a target derivatives along
+    e_m of the potential of charges w[..., m], then c more by jacfwd, in
+    forward mode through the jnp fast path.
+    """
+    dim = tree.dim
+    tgt = tree.tgt_sorted
+    n, k = w.shape[:2]
+    combos = list(itertools.product(range(dim), repeat=a))
+    charges = jnp.moveaxis(w.reshape(n, k, len(combos)), 2, 0)      # (d^a, N, K)
+    dirs = jnp.asarray(np.array(combos, np.int32).reshape(len(combos), a))
+    eye = jnp.eye(dim, dtype=tgt.dtype)
+
+    def potential(ys, q):
+        t = dataclasses.replace(tree, tgt_sorted=ys)
+        return _fmm.evaluate(t, q, kernel, family, p, ops, False, "jnp")[0]
+
+    def one(q, m, s):
+        g = lambda ys: potential(ys, q)                               # noqa: E731
+        for i in range(a):
+            g = (lambda g, e: lambda ys: jax.jvp(g, (ys,), (jnp.broadcast_to(e, ys.shape),))[1])(
+                g, eye[m[i]])
+        return g(tgt + s)
+
+    def f(s):
+        return jax.vmap(one, in_axes=(0, 0, None))(charges, dirs, s).sum(axis=0)
+
+    for _ in range(c):
+        f = jax.jacfwd(f)
+    return f(jnp.zeros(dim, tgt.dtype))
+
+
+def _evaluate(spec: Spec, *args):
+    """The primitive's meaning (no batch axes): list of out_c, c = 0..B."""
+    tl, ol, kl, ws = _split(args, spec)
+    tree, ops, kernel = _unflatten(spec, tl, ol, kl)
+    family = _fmm.family_for(kernel, tree.dim)
+    outs = [None] * (spec.B + 1)
+
+    def add(c, v):
+        outs[c] = v if outs[c] is None else outs[c] + v
+
+    for a, w in ws.items():
+        if a == 0:
+            phi, grad = _fmm.evaluate(tree, w, kernel, family, spec.p, ops, spec.B >= 1,
+                                      spec.mode)
+            add(0, phi)
+            if spec.B >= 1:
+                add(1, grad)
+            fast = 2
+        else:
+            fast = 0
+        for c in range(fast, spec.B + 1):
+            add(c, _block(tree, ops, kernel, family, spec.p, w, a, c))
+    return outs
+
+
+def _impl(*args, spec: Spec):
+    f = functools.partial(_evaluate, spec._replace(nbatch=0))
+    for _ in range(spec.nbatch):
+        f = jax.vmap(f)
+    return f(*args)
+
+
+def _abstract(*args, spec: Spec):
+    tl, _, _, ws = _split(args, spec)
+    tree = spec.tree_def.unflatten(tl)
+    lead = tree.tgt_sorted.shape[:-1]                            # (*batch, M)
+    k = next(iter(ws.values())).shape[spec.nbatch + 1]
+    dtype = tree.tgt_sorted.dtype
+    return [_ShapedArray(lead + (k,) + (tree.dim,) * c, dtype)
+            for c in range(spec.B + 1)]
+
+
+_jit_impl = jax.jit(_impl, static_argnames="spec")
+sum_p.def_impl(lambda *args, spec: _jit_impl(*args, spec=spec))
+sum_p.def_abstract_eval(_abstract)
+mlir.register_lowering(sum_p, mlir.lower_fun(_impl, multiple_results=True))
+
+
+# ------------------------------------------------------------------ jvp
+
+def _caller_order(sorted_vals, perm):
+    """Undo a Morton sort along the point axis (axis -2), batch axes first."""
+    def one(v, pr):
+        return jnp.zeros_like(v).at[pr].set(v, unique_indices=True)
+    f = one
+    for _ in range(perm.ndim - 1):
+        f = jax.vmap(f)
+    return f(sorted_vals, perm)
+
+
+def _zero(t) -> bool:
+    return type(t) is ad.Zero
+
+
+def _jvp(primals, tangents, *, spec: Spec):
+    tl, ol, kl, ws = _split(primals, spec)
+    dtl, _, dkl, dws = _split(tangents, spec)
+    if not all(_zero(t) for t in dkl):
+        raise NotImplementedError("derivatives with respect to kernel parameters of an "
+                                  "FMM sum are not implemented yet")
+    dtree = spec.tree_def.unflatten(dtl)
+    tree = spec.tree_def.unflatten(tl)
+    dsrc, dtgt = dtree.src_sorted, dtree.tgt_sorted
+    move_y = not _zero(dtgt)
+    outs = _rebind(spec, tl, ol, kl, ws, spec.B + move_y)
+    primal = outs[:spec.B + 1]
+
+    tw = {a: dw for a, dw in dws.items() if not _zero(dw)}
+    if not _zero(dsrc):
+        dx = _caller_order(dsrc, tree.src_perm)                 # (*b, N, d)
+        for a, w in ws.items():
+            lift = -w[..., None] * dx.reshape(dx.shape[:-1] + (1,) * (1 + a) + dx.shape[-1:])
+            tw[a + 1] = tw[a + 1] + lift if a + 1 in tw else lift
+    if tw:
+        tangent = _rebind(spec, tl, ol, kl, tw, spec.B)
+    else:
+        tangent = [jnp.zeros_like(o) for o in primal]
+    if move_y:
+        dy = _caller_order(dtgt, tree.tgt_perm)                 # (*b, M, d)
+        for c in range(spec.B + 1):
+            shaped = dy.reshape(dy.shape[:-1] + (1,) * (1 + c) + dy.shape[-1:])
+            tangent[c] = tangent[c] + jnp.sum(outs[c + 1] * shaped, axis=-1)
+    return primal, tangent
+
+
+ad.primitive_jvps[sum_p] = _jvp
+
+
+# ------------------------------------------------------------------ transpose
+
+def _swap(tree: Tree) -> Tree:
+    return dataclasses.replace(
+        tree, src_perm=tree.tgt_perm, src_sorted=tree.tgt_sorted, src_start=tree.tgt_start,
+        src_leaf=tree.tgt_leaf, tgt_perm=tree.src_perm, tgt_sorted=tree.src_sorted,
+        tgt_start=tree.src_start, tgt_leaf=tree.src_leaf)
+
+
+def _transpose(cts, *args, spec: Spec):
+    tl, ol, kl, ws = _split(args, spec)
+    if any(ad.is_undefined_primal(v) for v in tl + ol + kl):
+        raise NotImplementedError("the FMM sum is linear only in its weights")
+    u = {c: (-1) ** c * ct for c, ct in enumerate(cts) if not _zero(ct)}
+    n_lin = len(spec.orders)
+    if not u:
+        return [None] * (len(args) - n_lin) + [None] * n_lin
+    swapped = jax.tree_util.tree_leaves(_swap(spec.tree_def.unflatten(tl)))
+    outs = _rebind(spec, swapped, ol, kl, u, max(spec.orders))
+    bars = [(-1) ** a * outs[a] for a in spec.orders]
+    return [None] * (len(args) - n_lin) + bars
+
+
+ad.primitive_transposes[sum_p] = _transpose
+
+
+# ------------------------------------------------------------------ batching
+
+def _batch(args, dims, *, spec: Spec):
+    tl, ol, kl, ws = _split(list(args), spec)
+    tdims, odims, kdims, wdims = _split(list(dims), spec)
+    nb = spec.nbatch
+    if all(d is None for d in tdims + odims + kdims):
+        # Only weights are batched: fold the batch into the charge axis.
+        size = next(args[i].shape[d] for i, d in enumerate(dims) if d is not None)
+        folded = {}
+        for a, w in ws.items():
+            d = wdims[a]
+            w = (jnp.broadcast_to(jnp.expand_dims(w, nb + 1),
+                                  w.shape[:nb + 1] + (size,) + w.shape[nb + 1:])
+                 if d is None else jnp.moveaxis(w, d, nb + 1))
+            folded[a] = w.reshape(w.shape[:nb + 1] + (-1,) + w.shape[nb + 3:])
+        outs = _rebind(spec, tl, ol, kl, folded, spec.B)
+        outs = [o.reshape(o.shape[:nb + 1] + (size, -1) + o.shape[nb + 2:]) for o in outs]
+        return outs, [nb + 1] * len(outs)
+    # Point sets batched: a new leading batch axis on every operand.
+    size = next(args[i].shape[d] for i, d in enumerate(dims) if d is not None)
+    moved = [jnp.broadcast_to(x, (size,) + x.shape) if d is None
+             else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
+    outs = sum_p.bind(*moved, spec=spec._replace(nbatch=nb + 1))
+    return outs, [0] * len(outs)
+
+
+batching.primitive_batchers[sum_p] = _batch
