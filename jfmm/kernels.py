@@ -10,12 +10,14 @@ excluded and coincident points are safe).
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Kernel", "Laplace3D", "get"]
+__all__ = ["Kernel", "Gaussian", "Multiquadric", "InverseMultiquadric", "InverseQuadratic",
+           "ThinPlateSpline", "Linear", "Cubic", "Quintic", "Yukawa", "Laplace2D", "Laplace3D",
+           "Radial", "get"]
 
 
 class Kernel:
@@ -29,6 +31,10 @@ class Kernel:
 
     def radial(self, r):
         raise NotImplementedError
+
+    def at_zero(self, dtype):
+        """K(0) for smooth kernels (the value a pair at distance 0 adds)."""
+        return self.radial(jnp.zeros((), dtype))
 
     def value_and_derivative(self, r):
         """K(r) and dK/dr for r >= 0 (r > 0 where the kernel is singular).
@@ -48,8 +54,31 @@ class Kernel:
         return k, dk / r
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+def _shape(cls):
+    """Make cls a frozen dataclass and a pytree: fields are differentiable
+    leaves unless their metadata says static.
+
+    The class itself is part of the pytree's aux data: jax 0.10's
+    register_dataclass treedefs of different classes with equal fields
+    compare equal, and jit then reused one kernel's executable for another
+    (found by tests/test_kernels.py: a thin-plate sum returned the quintic's).
+    """
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    fields = dataclasses.fields(cls)
+    data = tuple(f.name for f in fields if not f.metadata.get("static"))
+    meta = tuple(f.name for f in fields if f.metadata.get("static"))
+
+    def flatten(k):
+        return [getattr(k, n) for n in data], (cls, tuple(getattr(k, n) for n in meta))
+
+    def unflatten(aux, leaves):
+        return cls(**dict(zip(data, leaves)), **dict(zip(meta, aux[1])))
+
+    jax.tree_util.register_pytree_node(cls, flatten, unflatten)
+    return cls
+
+
+@_shape
 class Laplace3D(Kernel):
     """K(r) = 1 / r, the 3D Laplace Green's function without 1/(4 pi).
 
@@ -68,11 +97,128 @@ class Laplace3D(Kernel):
         return inv, (-inv * inv * inv if gradient else None)
 
 
-_BY_NAME = {"laplace3d": Laplace3D}
+@_shape
+class Gaussian(Kernel):
+    """exp(-(epsilon r)^2)."""
+    epsilon: float = 1.0
+
+    def radial(self, r):
+        return jnp.exp(-(self.epsilon * r) ** 2)
+
+
+@_shape
+class Multiquadric(Kernel):
+    """-sqrt(1 + (epsilon r)^2) (scipy's sign)."""
+    epsilon: float = 1.0
+
+    def radial(self, r):
+        return -jnp.sqrt(1 + (self.epsilon * r) ** 2)
+
+
+@_shape
+class InverseMultiquadric(Kernel):
+    """1 / sqrt(1 + (epsilon r)^2)."""
+    epsilon: float = 1.0
+
+    def radial(self, r):
+        return jax.lax.rsqrt(1 + (self.epsilon * r) ** 2)
+
+
+@_shape
+class InverseQuadratic(Kernel):
+    """1 / (1 + (epsilon r)^2)."""
+    epsilon: float = 1.0
+
+    def radial(self, r):
+        return 1 / (1 + (self.epsilon * r) ** 2)
+
+
+@_shape
+class ThinPlateSpline(Kernel):
+    """r^2 log r, 0 at r = 0."""
+
+    def radial(self, r):
+        safe = jnp.where(r > 0, r, 1.0)
+        return jnp.where(r > 0, r * r * jnp.log(safe), 0.0)
+
+    def at_zero(self, dtype):
+        return jnp.zeros((), dtype)
+
+
+@_shape
+class Linear(Kernel):
+    """-r (scipy's sign)."""
+
+    def radial(self, r):
+        return -r
+
+
+@_shape
+class Cubic(Kernel):
+    """r^3."""
+
+    def radial(self, r):
+        return r ** 3
+
+
+@_shape
+class Quintic(Kernel):
+    """-r^5 (scipy's sign)."""
+
+    def radial(self, r):
+        return -r ** 5
+
+
+@_shape
+class Yukawa(Kernel):
+    """exp(-kappa r) / r, the screened Coulomb potential; pairs at distance 0
+    contribute 0."""
+    singular: ClassVar[bool] = True
+    kappa: float = 1.0
+
+    def radial(self, r):
+        return jnp.exp(-self.kappa * r) / r
+
+
+@_shape
+class Laplace2D(Kernel):
+    """-log r, the 2D Laplace Green's function without 1/(2 pi); pairs at
+    distance 0 contribute 0."""
+    singular: ClassVar[bool] = True
+    dims: ClassVar[tuple[int, ...]] = (2,)
+
+    def radial(self, r):
+        return -jnp.log(r)
+
+    def from_r2(self, r2, gradient: bool):
+        return -0.5 * jnp.log(r2), (-1 / r2 if gradient else None)
+
+
+@_shape
+class Radial(Kernel):
+    """Any radial function a user writes: K(r) = fn(r), fn a jnp function
+    (static: kernels with different fn compile separately). With
+    singular=True pairs at distance 0 contribute 0; otherwise they add fn(0).
+    Parameters fn closes over are constants; for differentiable parameters
+    subclass Kernel with dataclass fields, as the kernels here do."""
+    fn: Callable = dataclasses.field(metadata=dict(static=True))
+    singular: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    def radial(self, r):
+        return self.fn(r)
+
+
+_BY_NAME = {
+    "gaussian": Gaussian, "multiquadric": Multiquadric,
+    "inverse_multiquadric": InverseMultiquadric, "inverse_quadratic": InverseQuadratic,
+    "thin_plate_spline": ThinPlateSpline, "linear": Linear, "cubic": Cubic,
+    "quintic": Quintic, "yukawa": Yukawa, "laplace2d": Laplace2D, "laplace3d": Laplace3D,
+}
 
 
 def get(name: str, **params) -> Kernel:
-    """Kernel by name (case-insensitive), e.g. get('laplace3d')."""
+    """Kernel by name (case-insensitive; scipy's RBFInterpolator names, plus
+    'yukawa', 'laplace2d', 'laplace3d'), e.g. get('gaussian', epsilon=2.0)."""
     try:
         cls = _BY_NAME[name.lower()]
     except KeyError:

@@ -10,7 +10,10 @@ from jfmm import kernels
 
 def test_public_names_frozen():
     assert sorted(jfmm.__all__) == ["Plan", "direct", "fmm", "kernels", "plan"]
-    assert kernels.__all__ == ["Kernel", "Laplace3D", "get"]
+    assert kernels.__all__ == [
+        "Kernel", "Gaussian", "Multiquadric", "InverseMultiquadric", "InverseQuadratic",
+        "ThinPlateSpline", "Linear", "Cubic", "Quintic", "Yukawa", "Laplace2D", "Laplace3D",
+        "Radial", "get"]
 
 
 def test_kernel_is_pytree_and_get_by_name():

@@ -29,7 +29,7 @@ def pair_terms(kernel: Kernel, r2, live, gradient: bool):
         live = live & pos
     k, g = kernel.from_r2(jnp.where(pos, r2, 1.0), gradient)
     if not kernel.singular:
-        k = jnp.where(pos, k, kernel.radial(jnp.zeros((), r2.dtype)))
+        k = jnp.where(pos, k, kernel.at_zero(r2.dtype))
     k = jnp.where(live, k, 0.0)
     if gradient:
         g = jnp.where(live & pos, g, 0.0)

@@ -1,0 +1,115 @@
+"""Every kernel through jfmm.direct against numpy float64 formulas."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import charges, points, rel
+
+import jfmm
+from jfmm import kernels
+
+# name -> (params, K(r), dK/dr), written out by hand in numpy.
+FORMULAS = {
+    "gaussian": ({"epsilon": 1.7}, lambda r, e: np.exp(-(e * r) ** 2),
+                 lambda r, e: -2 * e * e * r * np.exp(-(e * r) ** 2)),
+    "multiquadric": ({"epsilon": 0.8}, lambda r, e: -np.sqrt(1 + (e * r) ** 2),
+                     lambda r, e: -e * e * r / np.sqrt(1 + (e * r) ** 2)),
+    "inverse_multiquadric": ({"epsilon": 2.5}, lambda r, e: 1 / np.sqrt(1 + (e * r) ** 2),
+                             lambda r, e: -e * e * r * (1 + (e * r) ** 2) ** -1.5),
+    "inverse_quadratic": ({"epsilon": 1.3}, lambda r, e: 1 / (1 + (e * r) ** 2),
+                          lambda r, e: -2 * e * e * r / (1 + (e * r) ** 2) ** 2),
+    "thin_plate_spline": ({}, lambda r: r * r * np.log(r), lambda r: 2 * r * np.log(r) + r),
+    "linear": ({}, lambda r: -r, lambda r: -np.ones_like(r)),
+    "cubic": ({}, lambda r: r ** 3, lambda r: 3 * r * r),
+    "quintic": ({}, lambda r: -r ** 5, lambda r: -5 * r ** 4),
+    "yukawa": ({"kappa": 3.0}, lambda r, k: np.exp(-k * r) / r,
+               lambda r, k: -np.exp(-k * r) * (k * r + 1) / r ** 2),
+    "laplace2d": ({}, lambda r: -np.log(r), lambda r: -1 / r),
+    "laplace3d": ({}, lambda r: 1 / r, lambda r: -1 / r ** 2),
+}
+SINGULAR = {"yukawa", "laplace2d", "laplace3d"}
+
+
+def numpy_sum(name, x, q, y):
+    """phi (M,) and grad (M, d); r = 0 pairs: skipped if singular, else K(0)
+    and no gradient (every kernel here has K'(0) = 0 or a cone at 0)."""
+    params, k, dk = FORMULAS[name]
+    args = tuple(params.values())
+    diff = y[:, None, :] - x[None, :, :]
+    r = np.sqrt((diff ** 2).sum(-1))
+    pos = r > 0
+    rs = np.where(pos, r, 1.0)
+    kv = np.where(pos, k(rs, *args), 0.0 if name in SINGULAR or name == "thin_plate_spline"
+                  else k(np.zeros(1), *args)[0])
+    g = np.where(pos, dk(rs, *args) / rs, 0.0)
+    return kv @ q, np.einsum("ms,msd,s->md", g, diff, q)
+
+
+@pytest.mark.parametrize("name", sorted(FORMULAS))
+def test_direct_matches_formula(name, rng):
+    params = FORMULAS[name][0]
+    kern = kernels.get(name, **params)
+    for dim in kern.dims:
+        x, q = points("cube", 300, rng, dim), charges(300, rng)
+        y = np.concatenate([points("cluster", 120, rng, dim), x[:30]])   # coincident with sources
+        phi, grad = jfmm.direct(x, q, y, kernel=kern, gradient=True)
+        ref, gref = numpy_sum(name, x, q, y)
+        assert rel(phi, ref) < 1e-12
+        assert rel(grad, gref) < 1e-11
+
+
+def test_radial_user_kernel_and_scipy_names(rng):
+    x, q = points("sphere", 200, rng), charges(200, rng)
+    mine = kernels.Radial(lambda r: jnp.exp(-(1.7 * r) ** 2))
+    np.testing.assert_allclose(jfmm.direct(x, q, kernel=mine),
+                               jfmm.direct(x, q, kernel=kernels.Gaussian(1.7)), rtol=1e-13)
+    sing = kernels.Radial(lambda r: 1 / r, singular=True)
+    np.testing.assert_allclose(jfmm.direct(x, q, kernel=sing), jfmm.direct(x, q), rtol=1e-13)
+    assert isinstance(kernels.get("Thin_Plate_Spline"), kernels.ThinPlateSpline)
+    assert jax.tree_util.tree_leaves(kernels.get("gaussian", epsilon=2.0)) == [2.0]
+    with pytest.raises(ValueError, match="unknown kernel"):
+        kernels.get("matern")
+    with pytest.raises(ValueError, match=r"\(n, 2\)"):
+        jfmm.direct(x, q, kernel=kernels.Laplace2D())
+
+
+@pytest.mark.parametrize("name,param", [("gaussian", "epsilon"), ("yukawa", "kappa"),
+                                        ("inverse_multiquadric", "epsilon")])
+def test_grad_with_respect_to_kernel_parameter(name, param, rng):
+    """d/d epsilon of a loss of the direct sum against central differences of
+    the numpy formula."""
+    x, q = points("cube", 200, rng), charges(200, rng)
+    w = rng.normal(size=200)
+    params, k, dk = FORMULAS[name]
+    value = params[param]
+    cls = type(kernels.get(name))
+    loss = lambda v: jnp.sum(w * jfmm.direct(x, q, kernel=cls(v)))   # noqa: E731
+    got = jax.grad(loss)(value)
+    h = 1e-6
+
+    r = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
+    pos = r > 0
+    rs = np.where(pos, r, 1.0)
+    f = lambda v: w @ (np.where(pos, k(rs, v), 0.0 if name in SINGULAR else k(0.0, v)) @ q)  # noqa: E731
+    fd = (f(value + h) - f(value - h)) / (2 * h)
+    assert abs(float(got) - fd) < 1e-6 * abs(fd)
+
+
+def test_fmm_says_which_kernels_it_cannot_sum_yet(rng):
+    x, q = points("cube", 100, rng), charges(100, rng)
+    with pytest.raises(NotImplementedError, match="use jfmm.direct"):
+        jfmm.fmm(x, q, kernel=kernels.Gaussian(2.0))
+
+
+def test_kernel_classes_never_share_a_compiled_sum(rng):
+    """Pytree structures of different kernel classes differ, so jit cannot
+    reuse one kernel's executable for another (it did with register_dataclass)."""
+    made = [kernels.get(name, **FORMULAS[name][0]) for name in sorted(FORMULAS)]
+    structs = [jax.tree_util.tree_structure(k) for k in made]
+    for i, a in enumerate(structs):
+        for j, b in enumerate(structs):
+            assert (a == b) == (i == j)
+    x, q = points("cube", 50, rng), charges(50, rng)
+    for name, kern in zip(sorted(FORMULAS), made):
+        if 3 in kern.dims:
+            assert rel(jfmm.direct(x, q, kernel=kern), numpy_sum(name, x, q, x)[0]) < 1e-12
