@@ -265,9 +265,9 @@ def _batch(args, dims, *, spec: Spec):
     tl, ol, kl, ws = _split(list(args), spec)
     tdims, odims, kdims, wdims = _split(list(dims), spec)
     nb = spec.nbatch
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     if all(d is None for d in tdims + odims + kdims):
         # Only weights are batched: fold the batch into the charge axis.
-        size = next(args[i].shape[d] for i, d in enumerate(dims) if d is not None)
         folded = {}
         for a, w in ws.items():
             d = wdims[a]
@@ -279,7 +279,6 @@ def _batch(args, dims, *, spec: Spec):
         outs = [o.reshape(o.shape[:nb + 1] + (size, -1) + o.shape[nb + 2:]) for o in outs]
         return outs, [nb + 1] * len(outs)
     # Point sets batched: a new leading batch axis on every operand.
-    size = next(args[i].shape[d] for i, d in enumerate(dims) if d is not None)
     moved = [jnp.broadcast_to(x, (size,) + x.shape) if d is None
              else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
     outs = sum_p.bind(*moved, spec=spec._replace(nbatch=nb + 1))
