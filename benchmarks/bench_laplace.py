@@ -28,6 +28,7 @@ import jfmm  # noqa: E402
 driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 from jfmm import _reference  # noqa: E402
 from jfmm.ops import backend, laplace3d  # noqa: E402
+from jfmm.ops.pallas import p2p as pallas_p2p  # noqa: E402
 from jfmm.tree import build as build_tree, choose_depth, lists  # noqa: E402
 
 
@@ -54,14 +55,15 @@ def median_time(f, *args, repeats):
     return float(np.median(ts))
 
 
-def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng):
+def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng, leaf=None):
     x = make_points(kind, n, rng).astype(dtype)
     q = (rng.random(n) - 0.5).astype(dtype)
     xd, qd = jnp.asarray(x), jnp.asarray(q)
     kernel = jfmm.kernels.Laplace3D()
     p = order or laplace3d.order(eps, dtype)
-    depth = choose_depth(n, 3, laplace3d.leaf_size(p))
-    f = jax.jit(lambda a, b: jfmm.fmm(a, b, eps=eps, gradient=True, order=order))
+    depth = choose_depth(n, 3, leaf or laplace3d.leaf_size(p))
+    f = jax.jit(lambda a, b: jfmm.fmm(a, b, eps=eps, gradient=True, order=order,
+                                             leaf_size=leaf))
 
     t0 = time.perf_counter()
     phi, grad = jax.block_until_ready(f(xd, qd))
@@ -73,23 +75,26 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng):
     tree = tb(xd, None, depth=depth)
     t_build = median_time(lambda a: tb(a, None, depth=depth), xd, repeats=repeats)
     ops = jax.jit(lambda: driver.operators(laplace3d, p, 3, dtype))()
+    mode = backend.current()
     qs = qd[tree.src_perm][:, None]
-    up = jax.jit(lambda t, c: driver.upward(t, c, laplace3d, ops, p))
-    mult = up(tree, qs)
-    down = jax.jit(lambda t, m: driver.downward(t, m, ops))
-    loc = down(tree, mult)
+    # Operators enter as arguments: closed over, they would be captured as
+    # (GB-sized, at high p) constants of each pass's executable.
+    up = jax.jit(lambda t, c, o: driver.upward(t, c, laplace3d, o, p, mode))
+    mult = up(tree, qs, ops)
+    down = jax.jit(lambda t, m, o: driver.downward(t, m, o))
+    loc = down(tree, mult, ops)
 
     def l2p(t, lc):
         h = t.box_side(t.depth)
         u = (t.tgt_sorted - t.leaf_centers(t.tgt_leaf)) / h
         coef = laplace3d.l2p_coefficients(lc, p, True)
-        return laplace3d.l2p(u, coef[t.tgt_leaf], h, p, True)
+        return backend.l2p(laplace3d, u, coef, t.tgt_start, t.tgt_leaf, h, p, True, mode)
 
     near = jax.jit(lambda t, c: backend.near_field(
         kernel, t.tgt_sorted, t.tgt_start, t.src_sorted, c, t.src_start,
-        lists.neighbors(t.depth, 3), True, backend.current()))
-    t_up = median_time(up, tree, qs, repeats=repeats) if depth >= 2 else 0.0
-    t_down = median_time(down, tree, mult, repeats=repeats) if depth >= 2 else 0.0
+        lists.neighbors(t.depth, 3), True, mode))
+    t_up = median_time(up, tree, qs, ops, repeats=repeats) if depth >= 2 else 0.0
+    t_down = median_time(down, tree, mult, ops, repeats=repeats) if depth >= 2 else 0.0
     t_l2p = median_time(jax.jit(l2p), tree, loc, repeats=repeats) if depth >= 2 else 0.0
     t_p2p = median_time(near, tree, qs, repeats=repeats)
 
@@ -118,6 +123,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nmin", type=int, default=12, help="log2 of the smallest N")
     ap.add_argument("--nmax", type=int, default=16, help="log2 of the largest N")
+    ap.add_argument("--step", type=int, default=1, help="step of log2 N")
     ap.add_argument("--n", type=int, default=None, help="a single N (overrides nmin/nmax)")
     ap.add_argument("--dist", default="cube")
     ap.add_argument("--dtype", default="float32")
@@ -127,20 +133,26 @@ def main():
     ap.add_argument("--direct-max", type=int, default=2 ** 18,
                     help="largest N at which the direct sum is timed")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--leaf", type=int, default=None, help="leaf size (default: the rule's)")
+    ap.add_argument("--blocks", default=None,
+                    help="Pallas P2P tiles 'T,S,warps' (default: the library's)")
     args = ap.parse_args()
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     dtype = np.dtype(args.dtype).type
     rng = np.random.default_rng(args.seed)
+    if args.blocks:
+        backend.set_backend("auto", pallas_p2p.Blocks(*map(int, args.blocks.split(","))))
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, "
           f"{time.strftime('%Y-%m-%d')}, near field: {backend.current()}")
     print(HEADER)
-    ns = [args.n] if args.n else [2 ** k for k in range(args.nmin, args.nmax + 1)]
+    ns = [args.n] if args.n else [2 ** k for k in range(args.nmin, args.nmax + 1, args.step)]
     orders = [int(o) for o in args.orders.split(",")] if args.orders else [None]
     for n in ns:
         for order in orders:
             for kind in args.dist.split(","):
-                print(run_one(n, kind, dtype, args.eps, order, args.repeats, args.direct_max, rng),
+                print(run_one(n, kind, dtype, args.eps, order, args.repeats, args.direct_max, rng,
+                              args.leaf),
                       flush=True)
 
 

@@ -32,13 +32,11 @@ def operators(family, p: int, dim: int, dtype):
     return family.operators(p, lists.m2l_offsets(dim), dtype)
 
 
-def upward(tree: Tree, q_sorted, family, ops, p: int):
+def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp"):
     """Multipoles per level: {level: (2^(d*level), K, P)} for levels >= 2."""
     h = tree.box_side(tree.depth)
     u = (tree.src_sorted - tree.leaf_centers(tree.src_leaf)) / h
-    contrib = family.p2m(u, q_sorted, p)
-    mult = {tree.depth: jax.ops.segment_sum(contrib, tree.src_leaf, tree.n_leaves,
-                                            indices_are_sorted=True)}
+    mult = {tree.depth: backend.p2m(family, u, q_sorted, tree.src_start, tree.src_leaf, p, mode)}
     for level in range(tree.depth, 2, -1):
         mult[level - 1] = translate.m2m(mult[level], ops.m2m)
     return mult
@@ -67,11 +65,12 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, gradient, mode)
     if tree.depth >= 2:
-        loc = downward(tree, upward(tree, q_sorted, family, ops, p), ops)
+        loc = downward(tree, upward(tree, q_sorted, family, ops, p, mode), ops)
         h = tree.box_side(tree.depth)
         u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
         coef = family.l2p_coefficients(loc, p, gradient)
-        fphi, fgrad = family.l2p(u, coef[tree.tgt_leaf], h, p, gradient)
+        fphi, fgrad = backend.l2p(family, u, coef, tree.tgt_start, tree.tgt_leaf, h, p,
+                                  gradient, mode)
         phi = phi + fphi
         grad = grad + fgrad if gradient else None
     inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(

@@ -53,6 +53,15 @@ class Kernel:
         k, dk = self.value_and_derivative(r)
         return k, dk / r
 
+    def pair(self, r2, gradient: bool):
+        """K(r) and, if gradient, K'(r) / r for any r^2 >= 0, always finite:
+        at r = 0 the value is K(0) (0 for singular kernels) and the gradient
+        factor 0. The P2P inner loop; safe under autodiff (double where)."""
+        pos = r2 > 0
+        k, g = self.from_r2(jnp.where(pos, r2, 1.0), gradient)
+        k = jnp.where(pos, k, 0.0 if self.singular else self.at_zero(r2.dtype))
+        return k, (jnp.where(pos, g, 0.0) if gradient else None)
+
 
 def _shape(cls):
     """Make cls a frozen dataclass and a pytree: fields are differentiable
@@ -94,6 +103,13 @@ class Laplace3D(Kernel):
     def from_r2(self, r2, gradient: bool):
         # One rsqrt instead of two square roots and three divisions.
         inv = jax.lax.rsqrt(r2)
+        return inv, (-inv * inv * inv if gradient else None)
+
+    def pair(self, r2, gradient: bool):
+        # Two selects per pair instead of three: the gradient factor comes
+        # from the already-zeroed 1/r.
+        pos = r2 > 0
+        inv = jnp.where(pos, jax.lax.rsqrt(jnp.where(pos, r2, 1.0)), 0.0)
         return inv, (-inv * inv * inv if gradient else None)
 
 

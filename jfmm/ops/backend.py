@@ -13,10 +13,17 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jfmm.ops import p2p
+from jfmm.ops import laplace3d, p2p
+from jfmm.ops.pallas import laplace3d as pallas_laplace3d
 from jfmm.ops.pallas import p2p as pallas_p2p
 
 MODES = ("auto", "jnp", "pallas", "interpret")
+# Expansion families with Pallas P2M / L2P kernels, and the largest order
+# they are used for (the kernels unroll all p^2 harmonics, so their compile
+# time grows with p; above it the jnp operators run). JFMM_PALLAS_MAX_ORDER
+# overrides it (benchmarks).
+_PALLAS_FAMILIES = {laplace3d: pallas_laplace3d}
+PALLAS_MAX_ORDER = int(os.environ.get("JFMM_PALLAS_MAX_ORDER", 40))
 _mode = os.environ.get("JFMM_BACKEND", "auto")
 _blocks = pallas_p2p.Blocks()
 
@@ -59,3 +66,33 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
     s_start = jnp.array([0, n, n], jnp.int32)
     return near_field(kernel, targets, t_start, sources, charges, s_start,
                       jnp.zeros((1, 1), jnp.int32), gradient, mode)
+
+
+def _family_twin(family, p: int, mode: str):
+    if mode == "jnp" or p > PALLAS_MAX_ORDER:
+        return None
+    return _PALLAS_FAMILIES.get(family)
+
+
+def p2m(family, u, q, start, leaf_of, p: int, mode: str):
+    """Leaf multipoles (n_leaves, K, P) of sorted sources on backend `mode`.
+
+    u: (N, 3) scaled box-local positions; q: (N, K); start: (n_leaves + 2,)
+    leaf ranges; leaf_of: (N,) leaf of each source.
+    """
+    twin = _family_twin(family, p, mode)
+    if twin is None:
+        n_leaves = start.shape[0] - 2
+        return jax.ops.segment_sum(family.p2m(u, q, p), leaf_of, n_leaves,
+                                   indices_are_sorted=True)
+    return twin.p2m(u, q, start, p, interpret=mode == "interpret")
+
+
+def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str):
+    """Local expansions of the leaves at their sorted targets on backend
+    `mode`: phi (M, K), grad (M, K, 3) or None. coef: (n_leaves, K, E, P)
+    from `family.l2p_coefficients`; h: leaf side."""
+    twin = _family_twin(family, p, mode)
+    if twin is None:
+        return family.l2p(u, coef[leaf_of], h, p, gradient)
+    return twin.l2p(u, coef, start, h, p, gradient, interpret=mode == "interpret")

@@ -141,6 +141,37 @@ def irregular(x, p: int):
     return _harmonics(x, p, irregular=True)
 
 
+def regular_stream(u0, u1, u2, p: int):
+    """Yield (flat index, Y) for the regular harmonics, n < p, real layout.
+
+    Unrolled: the same recurrences as `regular`, column by column (order m,
+    then degree n), so that only a few values are live at a time; consumers
+    use each value as it comes (the Pallas P2M and L2P kernels). u0, u1, u2:
+    arrays of one shape; Y_0^0 comes as the Python float 1.0.
+    """
+    r2 = u0 * u0 + u1 * u1 + u2 * u2
+    d_re, d_im = 1.0, None                      # Y_m^m; None stands for 0
+    for m in range(p):
+        if m:                                   # Y_m^m = (u1 - i u0) / (2m) Y_{m-1}^{m-1}
+            s = 1.0 / (2 * m)
+            if d_im is None:
+                d_re, d_im = (s * d_re) * u1, (-s * d_re) * u0
+            else:
+                d_re, d_im = s * (u1 * d_re + u0 * d_im), s * (u1 * d_im - u0 * d_re)
+        cur, prev = (d_re, d_im), (None, None)
+        for n in range(m, p):
+            if n > m:                           # three-term recurrence in n
+                a = (2 * n - 1) / ((n + m) * (n - m))
+                b = 1.0 / ((n + m) * (n - m))
+                nxt = tuple(None if c is None else
+                            (a * u2 * c if q is None else a * u2 * c - b * r2 * q)
+                            for c, q in zip(cur, prev))
+                cur, prev = nxt, cur
+            yield _index(n, m, 0), cur[0]
+            if m:
+                yield _index(n, m, 1), cur[1]
+
+
 def _conj_sign(p: int) -> np.ndarray:
     """+1 on real parts, -1 on imaginary parts: conj in the real layout."""
     s = np.ones(p * p)

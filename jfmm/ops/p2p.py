@@ -18,24 +18,6 @@ from jfmm.kernels import Kernel
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def pair_terms(kernel: Kernel, r2, live, gradient: bool):
-    """K(r) and K'(r)/r for a tile of squared distances, zero where not live.
-
-    Singular kernels also give 0 at r = 0; smooth ones give K(0) there, with a
-    zero gradient. Shared by the jnp and Pallas tiles.
-    """
-    pos = r2 > 0
-    if kernel.singular:
-        live = live & pos
-    k, g = kernel.from_r2(jnp.where(pos, r2, 1.0), gradient)
-    if not kernel.singular:
-        k = jnp.where(pos, k, kernel.at_zero(r2.dtype))
-    k = jnp.where(live, k, 0.0)
-    if gradient:
-        g = jnp.where(live & pos, g, 0.0)
-    return k, g
-
-
 def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
     """Sum over a tile of sources for a tile of targets.
 
@@ -45,7 +27,8 @@ def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
     """
     diff = y[:, None, :] - x[None, :, :]
     r2 = jnp.sum(diff * diff, axis=-1)
-    k, g = pair_terms(kernel, r2, jnp.broadcast_to(mask[None, :], r2.shape), gradient)
+    k, g = kernel.pair(r2, gradient)  # finite everywhere, so masking q suffices
+    q = jnp.where(mask[:, None], q, 0)
     phi = jnp.einsum("ts,sk->tk", k, q, precision=HIGHEST)
     if not gradient:
         return phi, None

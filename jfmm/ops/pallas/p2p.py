@@ -29,11 +29,14 @@ from jfmm.ops import p2p as ref
 class Blocks:
     """Tile sizes (powers of two): T targets per program, S sources per step.
 
-    32 x 32 with 4 warps was fastest of six shapes on an H200 (docs/BENCHMARKS.md).
+    16 x 16 with one warp was the fastest FMM near field of twelve shapes on
+    an H200 (docs/BENCHMARKS.md; 32 x 32 with 4 warps is 6% faster over all
+    pairs). A one-target-per-thread layout with sources unrolled as scalar
+    loads measured 1.3-2x slower and was dropped.
     """
-    targets: int = 32
-    sources: int = 32
-    num_warps: int = 4
+    targets: int = 16
+    sources: int = 16
+    num_warps: int = 1
 
 
 def _compiler_params(blocks: Blocks, interpret: bool):
@@ -59,11 +62,14 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
 
     def chunk(start, end, acc):
         xs = [x_ref[a, pl.ds(start, s_sz)] for a in range(dim)]
-        qs = [q_ref[k, pl.ds(start, s_sz)] for k in range(n_k)]
-        live = (start + jax.lax.broadcasted_iota(jnp.int32, (t_sz, s_sz), 1)) < end
+        # Sources past `end` belong to the next leaf or to padding: their
+        # charges are zeroed (one select per source, not per pair); the
+        # kernel's pair terms are finite everywhere.
+        live = (start + jax.lax.broadcasted_iota(jnp.int32, (s_sz,), 0)) < end
+        qs = [jnp.where(live, q_ref[k, pl.ds(start, s_sz)], 0) for k in range(n_k)]
         diff = [y[a][:, None] - xs[a][None, :] for a in range(dim)]
         r2 = sum(d * d for d in diff)
-        kv, g = ref.pair_terms(kernel, r2, live, gradient)
+        kv, g = kernel.pair(r2, gradient)
         out = list(acc)
         for k in range(n_k):
             out[k] = out[k] + kv * qs[k][None, :]

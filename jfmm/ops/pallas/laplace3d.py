@@ -1,0 +1,103 @@
+"""Pallas P2M and L2P kernels for the 3D Laplace family.
+
+Twins of the leaf-level jnp operators `jfmm.ops.laplace3d.p2m_leaves` and
+`l2p_leaves` (the specification). Both cut the Morton-sorted points into
+leaf-aligned tiles of T points (as the P2P kernel does), compute the regular
+harmonics of a tile in registers with the unrolled recurrences of
+`laplace3d.regular_stream`, and use each harmonic as it comes: P2M reduces
+q * Y over the tile into the tile's multipole (tiles of one leaf are then
+summed), L2P accumulates the leaf's local coefficients times Y per target.
+Nothing of size N x p^2 is ever stored, which is what the jnp operators
+spend their time on.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from jfmm.ops import laplace3d, p2p
+
+TILE = 32       # points per program
+NUM_WARPS = 1   # one warp: the P2M reductions stay within it (shuffles only)
+
+
+def _compiler_params(interpret: bool):
+    if interpret:
+        return None
+    from jax.experimental.pallas import triton as plgpu
+    return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+
+
+def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int):
+    """One tile: out[i, k * P + j] = sum_t q_k(t) conj(Y_j(u_t))."""
+    i = pl.program_id(0)
+    t0, t1 = meta_ref[i, 0], meta_ref[i, 1]
+    live = t0 + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0) < t1
+    u = [u_ref[a, pl.ds(t0, tile)] for a in range(3)]
+    q = [jnp.where(live, q_ref[k, pl.ds(t0, tile)], 0) for k in range(n_k)]
+    sign = laplace3d._conj_sign(p)
+    for j, y in laplace3d.regular_stream(*u, p):
+        for k in range(n_k):
+            out_ref[i, k * p * p + j] = float(sign[j]) * jnp.sum(q[k] * y)
+
+
+def p2m(u, q, start, p: int, interpret: bool = False):
+    """Multipoles of the leaves: (n_leaves, K, p^2).
+
+    u: (N, 3) sorted box-local scaled source positions; q: (N, K) sorted
+    charges; start: (n_leaves + 2,) leaf ranges with an empty sentinel leaf.
+    """
+    n, n_k = q.shape
+    n_leaves = start.shape[0] - 2
+    leaf, t0, t1 = p2p._tiles(start, n, TILE)
+    meta = jnp.stack([t0, t1], axis=1).astype(jnp.int32)
+    n_tiles = meta.shape[0]
+    body = functools.partial(_p2m_kernel, p=p, n_k=n_k, tile=TILE)
+    per_tile = pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_k * p * p), u.dtype), grid=(n_tiles,),
+        interpret=interpret, compiler_params=_compiler_params(interpret),
+    )(meta, p2p._pad(u, TILE).T, p2p._pad(q, TILE).T)
+    out = jax.ops.segment_sum(per_tile, leaf, n_leaves + 1, indices_are_sorted=True)
+    return out[:n_leaves].reshape(n_leaves, n_k, p * p)
+
+
+def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_out: int, tile: int):
+    """One tile: out[i, o, t] = sum_j c[leaf, o * P + j] Y_j(u_t)."""
+    i = pl.program_id(0)
+    t0, leaf = meta_ref[i, 0], meta_ref[i, 1]
+    u = [u_ref[a, pl.ds(t0, tile)] for a in range(3)]
+    acc = [jnp.zeros((tile,), u[0].dtype) for _ in range(n_out)]
+    for j, y in laplace3d.regular_stream(*u, p):
+        for o in range(n_out):
+            acc[o] = acc[o] + c_ref[leaf, o * p * p + j] * y
+    for o in range(n_out):
+        out_ref[i, o, :] = acc[o]
+
+
+def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False):
+    """Evaluate the leaves' local expansions at their targets.
+
+    u: (M, 3) sorted scaled target positions; coef: (n_leaves, K, E, P) from
+    `laplace3d.l2p_coefficients`; start: (n_leaves + 2,) target leaf ranges;
+    h: leaf side. Returns phi (M, K), grad (M, K, 3) or None, sorted order.
+    """
+    m = u.shape[0]
+    n_leaves, n_k, n_e, n_p = coef.shape
+    leaf, t0, t1 = p2p._tiles(start, m, TILE)
+    meta = jnp.stack([t0, leaf], axis=1).astype(jnp.int32)
+    n_tiles = meta.shape[0]
+    c = (coef * jnp.asarray(laplace3d._pair_weight(p), coef.dtype)).reshape(n_leaves, -1)
+    c = jnp.concatenate([c, jnp.zeros((1, c.shape[1]), c.dtype)])   # sentinel leaf
+    n_out = n_k * n_e
+    body = functools.partial(_l2p_kernel, p=p, n_out=n_out, tile=TILE)
+    out = pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_out, TILE), u.dtype), grid=(n_tiles,),
+        interpret=interpret, compiler_params=_compiler_params(interpret),
+    )(meta, p2p._pad(u, TILE).T, c)
+    out = jnp.transpose(out.reshape(n_tiles, n_k, n_e, TILE), (0, 3, 1, 2))  # (tiles, T, K, E)
+    phi, grad = p2p.scatter_tiles(out[..., 0] / h, out[..., 1:] / (h * h) if gradient else None,
+                                  t0, t1, m)
+    return phi, grad
