@@ -23,7 +23,7 @@ MODES = ("auto", "jnp", "pallas", "interpret")
 # time grows with p; above it the jnp operators run). JFMM_PALLAS_MAX_ORDER
 # overrides it (benchmarks).
 _PALLAS_FAMILIES = {laplace3d: pallas_laplace3d}
-PALLAS_MAX_ORDER = int(os.environ.get("JFMM_PALLAS_MAX_ORDER", 40))
+PALLAS_MAX_ORDER = int(os.environ.get("JFMM_PALLAS_MAX_ORDER", 16))
 _mode = os.environ.get("JFMM_BACKEND", "auto")
 _blocks = pallas_p2p.Blocks()
 
