@@ -92,7 +92,7 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng, leaf=None):
     # (GB-sized, at high p) constants of each pass's executable.
     up = jax.jit(lambda t, c, o: driver.upward(t, c, laplace3d, o, p, mode))
     mult = up(tree, qs, ops)
-    down = jax.jit(lambda t, m, o: driver.downward(t, m, o))
+    down = jax.jit(lambda t, m, o: driver.downward(t, m, laplace3d, o, kernel, p))
     loc = down(tree, mult, ops)
 
     def l2p(t, lc):

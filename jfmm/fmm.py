@@ -10,21 +10,31 @@ target order. Levels 0 and 1 hold no well-separated pairs, so a tree of depth
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from jfmm import kernels
-from jfmm.ops import backend, laplace3d, translate
+from jfmm.ops import backend, chebyshev, laplace3d, translate
 from jfmm.tree import Tree, lists
 
 
 def family_for(kernel: kernels.Kernel, dim: int):
-    """The expansion family that sums `kernel` in `dim` dimensions."""
-    if isinstance(kernel, kernels.Laplace3D) and dim == 3:
+    """The expansion family that sums `kernel` in `dim` dimensions: the
+    spherical-harmonic family for 3D Laplace, Chebyshev interpolation
+    (kernel-independent) for every other kernel."""
+    if dim not in kernel.dims:
+        raise ValueError(f"{type(kernel).__name__} is defined in {kernel.dims}D, not {dim}D")
+    if isinstance(kernel, kernels.Laplace3D):
         return laplace3d
-    raise NotImplementedError(
-        f"no expansion family for {type(kernel).__name__} in {dim}D yet; "
-        "use jfmm.direct for this kernel")
+    return chebyshev_family(dim)
+
+
+@functools.lru_cache(maxsize=None)
+def chebyshev_family(dim: int):
+    """One Chebyshev family object per dimension (static: used as a cache key)."""
+    return chebyshev.Chebyshev(dim, **chebyshev.RULES[dim])
 
 
 def operators(family, p: int, dim: int, dtype):
@@ -42,11 +52,12 @@ def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp"):
     return mult
 
 
-def downward(tree: Tree, mult, ops):
+def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int):
     """Local expansions of the leaves: (n_leaves, K, P)."""
     loc = None
     for level in range(2, tree.depth + 1):
-        far = translate.m2l(mult[level], level, ops.m2l, tree.dim)
+        mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
+        far = translate.m2l(mult[level], level, mats, tree.dim)
         loc = far if loc is None else translate.l2l(loc, ops.l2l) + far
     return loc
 
@@ -65,7 +76,8 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, gradient, mode)
     if tree.depth >= 2:
-        loc = downward(tree, upward(tree, q_sorted, family, ops, p, mode), ops)
+        mult = upward(tree, q_sorted, family, ops, p, mode)
+        loc = downward(tree, mult, family, ops, kernel, p)
         h = tree.box_side(tree.depth)
         u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
         coef = family.l2p_coefficients(loc, p, gradient)

@@ -202,9 +202,6 @@ def _zero(t) -> bool:
 def _jvp(primals, tangents, *, spec: Spec):
     tl, ol, kl, ws = _split(primals, spec)
     dtl, _, dkl, dws = _split(tangents, spec)
-    if not all(_zero(t) for t in dkl):
-        raise NotImplementedError("derivatives with respect to kernel parameters of an "
-                                  "FMM sum are not implemented yet")
     dtree = spec.tree_def.unflatten(dtl)
     tree = spec.tree_def.unflatten(tl)
     dsrc, dtgt = dtree.src_sorted, dtree.tgt_sorted
@@ -222,12 +219,41 @@ def _jvp(primals, tangents, *, spec: Spec):
         tangent = _rebind(spec, tl, ol, kl, tw, spec.B)
     else:
         tangent = [jnp.zeros_like(o) for o in primal]
+    for i, dk in enumerate(dkl):
+        if not _zero(dk):
+            basis = _kernel_basis_tangent(spec, tl, ol, kl, ws, i)
+            for c in range(spec.B + 1):
+                tangent[c] = tangent[c] + basis[c] * _expand(dk, basis[c].ndim, spec.nbatch)
     if move_y:
         dy = _caller_order(dtgt, tree.tgt_perm)                 # (*b, M, d)
         for c in range(spec.B + 1):
             shaped = dy.reshape(dy.shape[:-1] + (1,) * (1 + c) + dy.shape[-1:])
             tangent[c] = tangent[c] + jnp.sum(outs[c + 1] * shaped, axis=-1)
     return primal, tangent
+
+
+def _kernel_basis_tangent(spec: Spec, tl, ol, kl, ws, i: int):
+    """d out_c / d (kernel leaf i), a primal value: forward mode through the
+    jnp fast path (the operators that depend on the kernel, M2L matrices and
+    near field, are built from it inside the evaluation). The tangent is this
+    times d leaf_i, linear and so transposable: reverse mode costs one forward
+    pass per kernel parameter, memory of a forward call."""
+    jnp_spec = spec._replace(mode="jnp")
+    order = spec.orders
+
+    def f(leaf):
+        k = list(kl)
+        k[i] = leaf
+        return _impl(*tl, *ol, *k, *(ws[a] for a in order), spec=jnp_spec)
+
+    leaf = kl[i]
+    return jax.jvp(f, (leaf,), (jnp.ones_like(leaf),))[1]
+
+
+def _expand(dk, ndim: int, nbatch: int):
+    """A scalar kernel-parameter tangent (batch axes first) broadcast against
+    an output of rank ndim."""
+    return jnp.reshape(dk, jnp.shape(dk) + (1,) * (ndim - jnp.ndim(dk)))
 
 
 ad.primitive_jvps[sum_p] = _jvp

@@ -95,12 +95,6 @@ def test_grad_with_respect_to_kernel_parameter(name, param, rng):
     assert abs(float(got) - fd) < 1e-6 * abs(fd)
 
 
-def test_fmm_says_which_kernels_it_cannot_sum_yet(rng):
-    x, q = points("cube", 100, rng), charges(100, rng)
-    with pytest.raises(NotImplementedError, match="use jfmm.direct"):
-        jfmm.fmm(x, q, kernel=kernels.Gaussian(2.0))
-
-
 def test_kernel_classes_never_share_a_compiled_sum(rng):
     """Pytree structures of different kernel classes differ, so jit cannot
     reuse one kernel's executable for another (it did with register_dataclass)."""

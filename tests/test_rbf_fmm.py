@@ -1,0 +1,91 @@
+"""Any radial kernel through the FMM (Chebyshev family) against the float64
+direct sum: potential, gradient, targets = and != sources, uniform and
+clustered points, several shape parameters, eps sweeps, and gradients with
+respect to kernel parameters."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import charges, points, rel
+
+import jfmm
+from jfmm import kernels as K
+
+CASES = [K.Gaussian(0.7), K.Gaussian(3.0), K.Multiquadric(1.0), K.InverseMultiquadric(4.0),
+         K.InverseQuadratic(2.0), K.ThinPlateSpline(), K.Linear(), K.Cubic(), K.Quintic(),
+         K.Yukawa(2.0), K.Radial(lambda r: jnp.cos(r) / (1 + r * r))]
+
+
+def _check(kernel, dim, kind, separate, eps, rng, n=900):
+    x = points(kind, n, rng, dim)
+    q = charges(n, rng)
+    y = points(kind, 300, rng, dim) if separate else None
+    phi, grad = jfmm.fmm(x, q, y, kernel=kernel, eps=eps, gradient=True, leaf_size=16)
+    ref, gref = jfmm.direct(x, q, y, kernel=kernel, gradient=True)
+    assert rel(phi, ref) <= eps, rel(phi, ref)
+    assert rel(grad, gref) <= 10 * eps, rel(grad, gref)
+
+
+@pytest.mark.parametrize("kernel", CASES + [K.Laplace2D()], ids=lambda k: type(k).__name__)
+def test_every_kernel_2d(kernel, rng):
+    _check(kernel, 2, "cube", False, 1e-8, rng)
+    _check(kernel, 2, "cluster", True, 1e-5, rng)
+
+
+@pytest.mark.parametrize("kernel", CASES, ids=lambda k: type(k).__name__)
+def test_every_kernel_3d(kernel, rng):
+    _check(kernel, 3, "cluster", False, 1e-3, rng, n=700)
+    _check(kernel, 3, "cube", True, 1e-3, rng, n=700)
+
+
+@pytest.mark.parametrize("kernel", [K.Gaussian(3.0), K.Quintic(), K.Yukawa(2.0)],
+                         ids=lambda k: type(k).__name__)
+def test_3d_at_its_tightest_eps(kernel, rng):
+    _check(kernel, 3, "cube", False, 1e-4, rng, n=700)
+
+
+@pytest.mark.parametrize("eps", [1e-3, 1e-6, 1e-10])
+def test_eps_sweep_2d(eps, rng):
+    for kernel in (K.Multiquadric(2.0), K.Laplace2D()):
+        _check(kernel, 2, "sphere", True, eps, rng, n=1200)
+
+
+def test_kernel_parameter_gradients(rng):
+    """d/d epsilon of a loss of the FMM sum equals jax.grad of the direct sum's."""
+    for dim, kernel_of, e0, eps in ((2, K.Gaussian, 1.5, 1e-8),
+                                    (3, K.InverseMultiquadric, 2.0, 1e-4)):
+        x, q = points("cube", 500, rng, dim), charges(500, rng)
+
+        def loss(e, f, **kw):
+            phi, grad = f(x, q, kernel=kernel_of(e), gradient=True, **kw)
+            return jnp.sum(phi ** 2) + jnp.sum(grad ** 2)
+
+        want = jax.grad(loss)(e0, jfmm.direct)
+        got = jax.jit(jax.grad(lambda e: loss(e, jfmm.fmm, eps=eps, leaf_size=16)))(e0)
+        assert abs(got - want) <= 10 * eps * abs(want)
+
+
+def test_radial_kernel_with_closure_matches_direct(rng):
+    kern = K.Radial(lambda r: jnp.exp(-r) * (1 + r), singular=False)
+    _check(kern, 3, "cube", True, 1e-4, rng, n=600)
+
+
+def test_unreachable_eps_and_wrong_dimension_raise(rng):
+    x3, x2, q = points("cube", 100, rng, 3), points("cube", 100, rng, 2), charges(100, rng)
+    with pytest.raises(ValueError, match="reaches"):
+        jfmm.fmm(x3, q, kernel=K.Gaussian(1.0), eps=1e-14)
+    with pytest.raises(ValueError, match=r"shape \(n, 2\)"):
+        jfmm.fmm(x3, q, kernel=K.Laplace2D())
+    with pytest.raises(ValueError, match=r"shape \(n, 3\)"):
+        jfmm.fmm(x2, q, kernel=K.Laplace3D())
+
+
+def test_float32(rng):
+    x, q = points("cube", 800, rng, 2), charges(800, rng)
+    kern = K.Multiquadric(1.5)
+    phi, grad = jfmm.fmm(np.float32(x), np.float32(q), kernel=kern, eps=1e-4, gradient=True,
+                         leaf_size=16)
+    assert phi.dtype == np.float32
+    ref, gref = jfmm.direct(np.float32(x).astype(np.float64), np.float32(q).astype(np.float64),
+                            kernel=kern, gradient=True)
+    assert rel(phi, ref) <= 1e-4 and rel(grad, gref) <= 1e-3
