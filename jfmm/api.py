@@ -182,7 +182,13 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     more charge columns; jax.jvp, jacfwd, Hessian-vector products and reverse
     mode through gradient=True outputs differentiate the approximation in
     forward mode (slower: jnp near field, one pass per derivative direction).
-    Not yet: derivatives with respect to kernel parameters.
+    Derivatives with respect to kernel parameters (e.g. Gaussian epsilon)
+    cost one forward-mode pass per parameter.
+
+    Families (`jfmm.fmm.family_for`): spherical harmonics for Laplace3D,
+    Chebyshev interpolation for every other kernel, 2D and 3D; the order
+    comes from eps (each family's `order`), or from `order` (for Chebyshev:
+    nodes per dimension).
     """
     _check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
