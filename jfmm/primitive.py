@@ -24,6 +24,10 @@ backend; other orders differentiate the fast path's approximation in forward
 mode on the jnp backend (memory of a forward call; slower, used for forward
 mode and second derivatives).
 
+Kernel parameters are not linear: their tangent is d out / d theta, computed
+as a primal value by forward mode through the jnp fast path (one pass per
+parameter), times d theta.
+
 Tangents of the tree's root box (lo, side) are ignored: the exact sum does
 not depend on where the boxes are. Weights and outputs are in the caller's
 point order; the tree's coordinates are in Morton order.
@@ -223,7 +227,7 @@ def _jvp(primals, tangents, *, spec: Spec):
         if not _zero(dk):
             basis = _kernel_basis_tangent(spec, tl, ol, kl, ws, i)
             for c in range(spec.B + 1):
-                tangent[c] = tangent[c] + basis[c] * _expand(dk, basis[c].ndim, spec.nbatch)
+                tangent[c] = tangent[c] + basis[c] * _expand(dk, basis[c].ndim)
     if move_y:
         dy = _caller_order(dtgt, tree.tgt_perm)                 # (*b, M, d)
         for c in range(spec.B + 1):
@@ -250,7 +254,7 @@ def _kernel_basis_tangent(spec: Spec, tl, ol, kl, ws, i: int):
     return jax.jvp(f, (leaf,), (jnp.ones_like(leaf),))[1]
 
 
-def _expand(dk, ndim: int, nbatch: int):
+def _expand(dk, ndim: int):
     """A scalar kernel-parameter tangent (batch axes first) broadcast against
     an output of rank ndim."""
     return jnp.reshape(dk, jnp.shape(dk) + (1,) * (ndim - jnp.ndim(dk)))

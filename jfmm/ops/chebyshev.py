@@ -128,11 +128,11 @@ RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18),
 
 
 class Chebyshev:
-    """The Chebyshev family in `dim` dimensions for kernels of one class.
+    """The Chebyshev family in `dim` dimensions (any kernel).
 
-    error_rate, error_scale: the order rule assumes a relative error of
-    error_scale * error_rate^n at n nodes per dimension (measured per kernel
-    class; see `jfmm.fmm.family_for`).
+    The order rule assumes a relative error of error_scale * error_rate^n at
+    n nodes per dimension, n in [min_order, max_order] (`RULES`: the worst
+    kernel measured, so one rule serves all kernels of a dimension).
     """
 
     def __init__(self, dim: int, error_scale: float, error_rate: float, min_order: int,
