@@ -57,18 +57,21 @@ def _basis_coefficients(n: int) -> np.ndarray:
 
 
 def basis(u, n: int, derivative: bool = False):
-    """S_k(u) (..., n) for u (...) in [-1/2, 1/2]; with derivative, also dS_k/du."""
+    """S_k(u) (..., n) for u (...) in [-1/2, 1/2]; with derivative, also dS_k/du.
+
+    numpy in, numpy (float64) out: how the M2M matrices are built once."""
+    xp = np if isinstance(u, np.ndarray) else jnp
     x = 2 * u
-    t = [jnp.ones_like(x), x]
-    dt = [jnp.zeros_like(x), 2 * jnp.ones_like(x)]                 # d/du T_j(2u)
+    t = [xp.ones_like(x), x]
+    dt = [xp.zeros_like(x), 2 * xp.ones_like(x)]                   # d/du T_j(2u)
     for j in range(2, n):
         t.append(2 * x * t[j - 1] - t[j - 2])
         dt.append(4 * t[j - 1] + 2 * x * dt[j - 1] - dt[j - 2])
-    c = jnp.asarray(_basis_coefficients(n), u.dtype)
-    s = jnp.stack(t[:n], axis=-1) @ c
+    c = xp.asarray(_basis_coefficients(n), u.dtype)
+    s = xp.stack(t[:n], axis=-1) @ c
     if not derivative:
         return s
-    return s, jnp.stack(dt[:n], axis=-1) @ c
+    return s, xp.stack(dt[:n], axis=-1) @ c
 
 
 def _tensor(factors):
@@ -77,6 +80,12 @@ def _tensor(factors):
     for f in factors[1:]:
         out = (out[..., :, None] * f[..., None, :]).reshape(out.shape[:-1] + (-1,))
     return out
+
+
+def interpolation(u, n: int):
+    """S_m(u) (N, n^d) at box-local points u (N, d): the P2M weights of unit
+    charges, and the L2P evaluation."""
+    return _tensor([basis(u[:, a], n) for a in range(u.shape[1])])
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,19 +108,10 @@ class Operators(NamedTuple):
 @functools.lru_cache(maxsize=None)
 def _m2m_numpy(n: int, dim: int) -> np.ndarray:
     """(2^d, P, P) float64: [c, m, m'] = S_m(node m' of child c, in parent
-    coordinates)."""
-    xi = nodes(n)
-    c = _basis_coefficients(n)
-    mats = []
-    for bits in lists.child_bits(dim):
-        delta = (bits - 0.5) / 2.0                       # child centre - parent centre
-        one = [np.cos(np.outer(np.arccos(2 * (d + xi / 2)), np.arange(n))) @ c
-               for d in delta]                           # (child node, parent basis)
-        full = one[0]
-        for f in one[1:]:
-            full = np.einsum("ab,cd->acbd", full, f).reshape(full.shape[0] * f.shape[0], -1)
-        mats.append(full.T)                              # (parent basis m, child node m')
-    return np.stack(mats)
+    coordinates), i.e. P2M of the child's node weights as charges."""
+    child_nodes = grid(n, dim) / 2
+    return np.stack([interpolation((bits - 0.5) / 2.0 + child_nodes, n).T
+                     for bits in lists.child_bits(dim)])
 
 
 # Order rules per dimension: the relative error assumed at n nodes per
@@ -188,18 +188,17 @@ class Chebyshev:
 
     def p2m(self, u, q, n: int):
         """(N, K, P) per-source contributions q_i S_m(u_i)."""
-        s = _tensor([basis(u[:, a], n) for a in range(self.dim)])
-        return q[:, :, None] * s[:, None, :]
+        return q[:, :, None] * interpolation(u, n)[:, None, :]
 
     def l2p_coefficients(self, loc, n: int, gradient: bool):
         return loc[:, :, None, :]
 
     def l2p(self, u, coef, h, n: int, gradient: bool):
         """phi (M, K) and grad (M, K, d) from per-target weights coef (M, K, 1, P)."""
-        pairs = [basis(u[:, a], n, derivative=gradient) for a in range(self.dim)]
         loc = coef[:, :, 0, :]
         if not gradient:
-            return jnp.einsum("mkp,mp->mk", loc, _tensor(pairs), precision=HIGHEST), None
+            return jnp.einsum("mkp,mp->mk", loc, interpolation(u, n), precision=HIGHEST), None
+        pairs = [basis(u[:, a], n, derivative=True) for a in range(self.dim)]
         s = [v for v, _ in pairs]
         phi = jnp.einsum("mkp,mp->mk", loc, _tensor(s), precision=HIGHEST)
         grad = jnp.stack([

@@ -49,7 +49,8 @@ def default_batch(n_tiles: int) -> int:
     return max(1, n_tiles)
 
 
-def _pad(a, n):
+def pad_rows(a, n):
+    """a with n zero rows appended (so fixed-size slices never leave it)."""
     return jnp.concatenate([a, jnp.zeros((n,) + a.shape[1:], a.dtype)])
 
 
@@ -59,9 +60,9 @@ def dense(kernel: Kernel, targets, sources, charges, gradient: bool,
     m, d = targets.shape
     n, kq = charges.shape
     nt, ns = -(-m // tile), -(-n // tile)
-    y = _pad(targets, nt * tile - m).reshape(nt, tile, d)
-    x = _pad(sources, ns * tile - n).reshape(ns, tile, d)
-    q = _pad(charges, ns * tile - n).reshape(ns, tile, kq)
+    y = pad_rows(targets, nt * tile - m).reshape(nt, tile, d)
+    x = pad_rows(sources, ns * tile - n).reshape(ns, tile, d)
+    q = pad_rows(charges, ns * tile - n).reshape(ns, tile, kq)
     valid = (jnp.arange(ns * tile) < n).reshape(ns, tile)
 
     def one_tile(yt):
@@ -79,7 +80,7 @@ def dense(kernel: Kernel, targets, sources, charges, gradient: bool,
     return phi, grad
 
 
-def _tiles(tgt_start, n_tgt: int, tile: int):
+def leaf_tiles(tgt_start, n_tgt: int, tile: int):
     """Leaf-aligned target tiles.
 
     tgt_start: (nleaf + 2,) leaf ranges. A leaf of c targets gets ceil(c/tile)
@@ -128,10 +129,10 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     """
     m, d = tgt_sorted.shape
     kq = q_sorted.shape[1]
-    leaf, t0, t1 = _tiles(tgt_start, m, tile)
-    y_pad = _pad(tgt_sorted, tile)
-    x_pad = _pad(src_sorted, tile)
-    q_pad = _pad(q_sorted, tile)
+    leaf, t0, t1 = leaf_tiles(tgt_start, m, tile)
+    y_pad = pad_rows(tgt_sorted, tile)
+    x_pad = pad_rows(src_sorted, tile)
+    q_pad = pad_rows(q_sorted, tile)
     near = jnp.concatenate([near, jnp.full((1, near.shape[1]), near.shape[0], near.dtype)])
 
     def one_tile(args):

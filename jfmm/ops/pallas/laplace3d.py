@@ -19,16 +19,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jfmm.ops import laplace3d, p2p
+from jfmm.ops.pallas import compiler_params
 
 TILE = 32       # points per program
 NUM_WARPS = 1   # one warp: the P2M reductions stay within it (shuffles only)
-
-
-def _compiler_params(interpret: bool):
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plgpu
-    return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
 
 
 def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int):
@@ -52,14 +46,14 @@ def p2m(u, q, start, p: int, interpret: bool = False):
     """
     n, n_k = q.shape
     n_leaves = start.shape[0] - 2
-    leaf, t0, t1 = p2p._tiles(start, n, TILE)
+    leaf, t0, t1 = p2p.leaf_tiles(start, n, TILE)
     meta = jnp.stack([t0, t1], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
     body = functools.partial(_p2m_kernel, p=p, n_k=n_k, tile=TILE)
     per_tile = pl.pallas_call(
         body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_k * p * p), u.dtype), grid=(n_tiles,),
-        interpret=interpret, compiler_params=_compiler_params(interpret),
-    )(meta, p2p._pad(u, TILE).T, p2p._pad(q, TILE).T)
+        interpret=interpret, compiler_params=compiler_params(NUM_WARPS, interpret),
+    )(meta, p2p.pad_rows(u, TILE).T, p2p.pad_rows(q, TILE).T)
     out = jax.ops.segment_sum(per_tile, leaf, n_leaves + 1, indices_are_sorted=True)
     return out[:n_leaves].reshape(n_leaves, n_k, p * p)
 
@@ -86,7 +80,7 @@ def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False):
     """
     m = u.shape[0]
     n_leaves, n_k, n_e, n_p = coef.shape
-    leaf, t0, t1 = p2p._tiles(start, m, TILE)
+    leaf, t0, t1 = p2p.leaf_tiles(start, m, TILE)
     meta = jnp.stack([t0, leaf], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
     c = (coef * jnp.asarray(laplace3d._pair_weight(p), coef.dtype)).reshape(n_leaves, -1)
@@ -95,8 +89,8 @@ def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False):
     body = functools.partial(_l2p_kernel, p=p, n_out=n_out, tile=TILE)
     out = pl.pallas_call(
         body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_out, TILE), u.dtype), grid=(n_tiles,),
-        interpret=interpret, compiler_params=_compiler_params(interpret),
-    )(meta, p2p._pad(u, TILE).T, c)
+        interpret=interpret, compiler_params=compiler_params(NUM_WARPS, interpret),
+    )(meta, p2p.pad_rows(u, TILE).T, c)
     out = jnp.transpose(out.reshape(n_tiles, n_k, n_e, TILE), (0, 3, 1, 2))  # (tiles, T, K, E)
     phi, grad = p2p.scatter_tiles(out[..., 0] / h, out[..., 1:] / (h * h) if gradient else None,
                                   t0, t1, m)

@@ -23,6 +23,7 @@ from jax.experimental import pallas as pl
 
 from jfmm.kernels import Kernel
 from jfmm.ops import p2p as ref
+from jfmm.ops.pallas import compiler_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +38,6 @@ class Blocks:
     targets: int = 16
     sources: int = 16
     num_warps: int = 1
-
-
-def _compiler_params(blocks: Blocks, interpret: bool):
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plgpu
-    return plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=1)
 
 
 def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
@@ -100,15 +94,15 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     n_k = q_sorted.shape[1]
     t_sz, s_sz = blocks.targets, blocks.sources
     width = near.shape[1]
-    leaf, t0, t1 = ref._tiles(tgt_start, m, t_sz)
+    leaf, t0, t1 = ref.leaf_tiles(tgt_start, m, t_sz)
     near = jnp.concatenate([near, jnp.full((1, width), near.shape[0], near.dtype)])
     nb = near[leaf]
     meta = jnp.concatenate([t0[:, None], t1[:, None], src_start[nb], src_start[nb + 1]],
                            axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
-    y = ref._pad(tgt_sorted, t_sz).T
-    x = ref._pad(src_sorted, s_sz).T
-    q = ref._pad(q_sorted, s_sz).T
+    y = ref.pad_rows(tgt_sorted, t_sz).T
+    x = ref.pad_rows(src_sorted, s_sz).T
+    q = ref.pad_rows(q_sorted, s_sz).T
     dt = tgt_sorted.dtype
     out_shape = [jax.ShapeDtypeStruct((n_tiles, n_k, t_sz), dt),
                  jax.ShapeDtypeStruct((n_tiles, n_k * dim if gradient else 1, t_sz), dt)]
@@ -121,7 +115,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
                              blocks=blocks, gradient=gradient)
     phi_t, grad_t = pl.pallas_call(
         body, out_shape=out_shape, grid=(n_tiles,), interpret=interpret,
-        compiler_params=_compiler_params(blocks, interpret))(meta, y, x, q, *params)
+        compiler_params=compiler_params(blocks.num_warps, interpret))(meta, y, x, q, *params)
     grad = None
     if gradient:  # (tiles, K * dim, T) -> (tiles, T, K, dim)
         grad = jnp.transpose(grad_t.reshape(n_tiles, n_k, dim, t_sz), (0, 3, 1, 2))
