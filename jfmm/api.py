@@ -17,13 +17,8 @@ from jfmm.ops import backend
 
 # ------------------------------------------------------------------ checks
 
-_Tracer = getattr(jax.core, "Tracer", None)
-if _Tracer is None:  # moved in newer jax releases
-    from jax._src.core import Tracer as _Tracer
-
-
 def _concrete(x) -> bool:
-    return not isinstance(x, _Tracer)
+    return not isinstance(x, _kernels.Tracer)
 
 
 def _check_kernel(kernel):

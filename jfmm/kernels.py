@@ -20,6 +20,11 @@ __all__ = ["Kernel", "Gaussian", "Multiquadric", "InverseMultiquadric", "Inverse
            "Radial", "get"]
 
 
+Tracer = getattr(jax.core, "Tracer", None)
+if Tracer is None:  # moved in newer jax releases
+    from jax._src.core import Tracer
+
+
 class Kernel:
     """Base class: subclasses define `radial(r)` and the class constants.
 
@@ -33,8 +38,15 @@ class Kernel:
         raise NotImplementedError
 
     def at_zero(self, dtype):
-        """K(0) for smooth kernels (the value a pair at distance 0 adds)."""
-        return self.radial(jnp.zeros((), dtype))
+        """K(0) for smooth kernels (the value a pair at distance 0 adds).
+
+        Evaluated eagerly where the kernel's parameters are concrete: inside
+        a Pallas kernel, arithmetic on a literal (-0 for Linear) does not
+        lower to Triton (jax 0.10 and 0.11)."""
+        if any(isinstance(v, Tracer) for v in jax.tree_util.tree_leaves(self)):
+            return self.radial(jnp.zeros((), dtype))
+        with jax.ensure_compile_time_eval():
+            return float(self.radial(jnp.zeros((), dtype)))
 
     def value_and_derivative(self, r):
         """K(r) and dK/dr for r >= 0 (r > 0 where the kernel is singular).

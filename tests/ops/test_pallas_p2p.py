@@ -98,3 +98,20 @@ def test_smooth_user_kernel_direct(mode, rng):
     np.testing.assert_allclose(phi, e @ q, rtol=1e-12, atol=1e-14)
     want = np.einsum("tsd,sk->tkd", d * (-2 / 0.09 * e)[..., None], q)
     np.testing.assert_allclose(grad, want, rtol=1e-11, atol=1e-14)
+
+
+@pytest.mark.parametrize("kernel", [
+    kernels.Laplace3D(), kernels.Gaussian(1.0), kernels.Multiquadric(2.0),
+    kernels.InverseMultiquadric(1.0), kernels.InverseQuadratic(1.0),
+    kernels.ThinPlateSpline(), kernels.Linear(), kernels.Cubic(), kernels.Quintic(),
+    kernels.Yukawa(2.0), kernels.Laplace2D(), kernels.Radial(lambda r: -jnp.cos(r))],
+    ids=lambda k: type(k).__name__)
+def test_kernel_lowers_to_triton(kernel):
+    """Every kernel's P2P lowers for the GPU (Triton), checked here by
+    lowering for the cuda platform on the CPU: interpret mode alone missed
+    that -r (Linear's K(0) = -0, a literal) did not lower."""
+    d = kernel.dims[-1]
+    x = jnp.zeros((64, d), jnp.float32)
+    q = jnp.zeros((64, 2), jnp.float32)
+    f = jax.jit(lambda a, c: backend.dense(kernel, a, a, c, True, "pallas"))
+    f.trace(x, q).lower(lowering_platforms=("cuda",))

@@ -1,0 +1,92 @@
+"""Every kernel through jfmm.fmm at large N, beside 3D Laplace and the direct sum.
+
+    python benchmarks/bench_rbf.py --n 1048576 --dim 3 --dtype float32 --eps 1e-4
+
+Per kernel: the median time of the jitted fmm() with potential and gradient
+(tree build included, after compilation), the first call, and the relative
+L2 error of potential and gradient on 1,000 sampled targets against a
+float64 direct sum of the same rounded inputs. The direct sum (potential and
+gradient, same backend) is timed at --direct-n points and scaled by
+(N / direct-n)^2 to N, said so in the table. Prints markdown rows.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jfmm  # noqa: E402
+from bench_laplace import median_time  # noqa: E402
+from jfmm import kernels as K  # noqa: E402
+
+driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
+
+KERNELS = {2: [K.Laplace2D()], 3: [K.Laplace3D()]}
+COMMON = [K.Gaussian(1.0), K.Gaussian(10.0), K.Multiquadric(1.0), K.InverseMultiquadric(1.0),
+          K.InverseQuadratic(1.0), K.ThinPlateSpline(), K.Linear(), K.Cubic(), K.Quintic(),
+          K.Yukawa(2.0)]
+
+
+def label(k):
+    v = [f"{float(x):g}" for x in jax.tree_util.tree_leaves(k)]
+    return type(k).__name__ + (f"({v[0]})" if v else "")
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=2 ** 16)
+    ap.add_argument("--dim", type=int, default=3)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--eps", type=float, default=1e-4)
+    ap.add_argument("--direct-n", type=int, default=2 ** 16)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--kernels", default=None, help="comma-separated indices into the list")
+    args = ap.parse_args()
+    jax.config.update("jax_enable_x64", True)      # the float64 references
+    dtype = np.dtype(args.dtype).type
+    rng = np.random.default_rng(0)
+    n, dim, eps = args.n, args.dim, args.eps
+    x = rng.random((n, dim)).astype(dtype)
+    q = (rng.random(n) - 0.5).astype(dtype)
+    xd, qd = jnp.asarray(x), jnp.asarray(q)
+    s = rng.choice(n, size=min(1000, n), replace=False)
+    x64, q64 = jnp.asarray(x, jnp.float64), jnp.asarray(q, jnp.float64)
+    nd = min(args.direct_n, n)
+    scale = (n / nd) ** 2
+    kernels = KERNELS[dim] + COMMON
+    if args.kernels:
+        kernels = [kernels[int(i)] for i in args.kernels.split(",")]
+    print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}, "
+          f"N = {n:,} uniform, {dim}D, {args.dtype}, eps {eps:g}; direct timed at "
+          f"N = {nd:,} and scaled by {scale:g}")
+    print("| kernel | order | fmm ms | first call s | direct ms (scaled) | speed-up | err phi | "
+          "err grad |\n|---|---|---|---|---|---|---|---|")
+    for k in kernels:
+        f = jax.jit(lambda a, c, k=k: jfmm.fmm(a, c, kernel=k, eps=eps, gradient=True))
+        t0 = time.perf_counter()
+        phi, grad = jax.block_until_ready(f(xd, qd))
+        first = time.perf_counter() - t0
+        t = median_time(f, xd, qd, repeats=args.repeats)
+        d = jax.jit(lambda a, c, k=k: jfmm.direct(a, c, kernel=k, gradient=True))
+        td = median_time(d, xd[:nd], qd[:nd], repeats=3) * scale
+        ref, gref = jfmm.direct(x64, q64, x64[s], kernel=k, gradient=True)
+        order = driver.family_for(k, dim).order(eps, dtype)
+        print(f"| {label(k)} | {order} | **{t * 1e3:.2f}** | {first:.1f} | {td * 1e3:.0f} | "
+              f"{td / t:.0f}x | {rel(phi[s], ref):.2e} | {rel(grad[s], gref):.2e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
