@@ -1,7 +1,9 @@
 """Compile time of the Pallas P2M / L2P kernels at order p, and of the whole
 fmm() by stage (trace + lower, XLA compile, first run).
 
-    python benchmarks/compile_probe.py P [float32|float64]
+    python benchmarks/compile_probe.py P [float32|float64] [N]
+
+N (default 4,096) sizes the whole-fmm() probe; the kernel probes use 4,096.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def main():
     dtype = sys.argv[2] if len(sys.argv) > 2 else "float32"
     if dtype == "float64":
         jax.config.update("jax_enable_x64", True)
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 4096
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.random((4096, 3)), dtype)
     q = jnp.asarray(rng.random((4096, 1)) - 0.5, dtype)
@@ -48,9 +51,11 @@ def main():
                       u, q)
     l2p = stage_times(lambda a, c: backend.l2p(laplace3d, a, c, t.tgt_start, t.tgt_leaf, h, p,
                                                True, mode), u, coef)
-    f = stage_times(lambda a, c: jfmm.fmm(a, c, order=p, gradient=True, leaf_size=64), x, q[:, 0])
+    xf = jnp.asarray(rng.random((n, 3)), dtype)
+    qf = jnp.asarray(rng.random(n) - 0.5, dtype)
+    f = stage_times(lambda a, c: jfmm.fmm(a, c, order=p, gradient=True), xf, qf)
     fmt = lambda s: " / ".join(f"{v:.1f}" for v in s)  # noqa: E731
-    print(f"| {p} | {dtype} | {mode} | {fmt(p2m)} | {fmt(l2p)} | {fmt(f)} |", flush=True)
+    print(f"| {p} | {dtype} | {n:,} | {mode} | {fmt(p2m)} | {fmt(l2p)} | {fmt(f)} |", flush=True)
 
 
 if __name__ == "__main__":
