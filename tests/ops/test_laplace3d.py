@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import charges, rel
 
-from jfmm.ops import laplace3d as L
+from jfmm.ops import laplace3d as L, translate
 from jfmm.tree import lists
 
 OFFS = lists.m2l_offsets(3)
@@ -131,3 +131,15 @@ def test_order_rule():
         L.order(1e-9, jnp.float32)
     with pytest.raises(ValueError):
         L.order(1e-16, jnp.float64)
+
+
+@pytest.mark.parametrize("budget", [2 ** 16, 1], ids=["chunked", "loop"])
+def test_m2l_formulations_agree(budget, rng, monkeypatch):
+    """The gathered M2L, chunked over parents or looping over neighbour
+    positions (when memory is short), gives the same locals."""
+    p, level = 4, 3
+    ops = L.operators(p, lists.m2l_offsets(3), jnp.float64)
+    mult = jnp.asarray(rng.normal(size=(8 ** level, 2, p * p)))
+    want = translate.m2l(mult, level, ops.m2l, 3)
+    monkeypatch.setattr(translate, "GATHER_BYTES", budget)
+    assert rel(translate.m2l(mult, level, ops.m2l, 3), want) < 1e-14
