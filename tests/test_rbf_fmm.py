@@ -71,6 +71,11 @@ def test_kernel_parameter_gradients(rng):
         assert abs(got - want) <= 10 * eps * abs(want)
 
 
+def test_3d_floor_order(rng):
+    """eps = 1e-6 in 3D takes the largest order (n = 10, 1000 weights per box)."""
+    _check(K.Gaussian(6.0), 3, "cluster", True, 1e-6, rng, n=700)
+
+
 def test_radial_kernel_with_closure_matches_direct(rng):
     kern = K.Radial(lambda r: jnp.exp(-r) * (1 + r), singular=False)
     _check(kern, 3, "cube", True, 1e-4, rng, n=600)

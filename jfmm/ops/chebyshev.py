@@ -119,12 +119,13 @@ def _m2m_numpy(n: int, dim: int) -> np.ndarray:
 # max(err phi, err grad / 10) measured over every kernel (Gaussians of three
 # widths, multiquadrics, polyharmonics, Yukawa, Laplace2D), uniform and
 # clustered points (benchmarks/accuracy_rbf.py, N = 4,000, float64;
-# docs/BENCHMARKS.md). The worst case is the Gaussian whose width is about a
-# box side. max_order: 2D saturates near 1e-13 (rounding) by n = 18; in 3D
-# the dense M2L matrices hold 317 n^6 values per level.
-# Orders below min_order were not measured.
+# docs/accuracy_chebyshev_*.md). The worst case is the Gaussian whose width
+# is about a box side. 3D orders 8-10 were measured on the seven hardest
+# kernels of n = 7. max_order: 2D saturates near 1e-13 (rounding) by n = 18;
+# in 3D the dense M2L matrices hold 317 n^6 values per level (2.5 GB in
+# float64 at n = 10). Orders below min_order were not measured.
 RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18),
-         3: dict(error_scale=1.0, error_rate=0.25, min_order=4, max_order=7)}
+         3: dict(error_scale=1.0, error_rate=0.25, min_order=4, max_order=10)}
 
 
 class Chebyshev:
@@ -165,8 +166,13 @@ class Chebyshev:
         return min(n for n in self.ORDERS if self._error_bound(n) <= eps or n == self.MAX_ORDER)
 
     def leaf_size(self, n: int) -> int:
-        """Mean points per leaf: near field ~ 3^d s^2 against M2L ~ 6^d P^2."""
-        return max(32, int(2 ** self.dim * n ** self.dim / 2))
+        """Mean points per leaf s that balances, per leaf, the near field's
+        3^d s^2 pair terms against M2L's 2 L P^2 flops (L = 189 or 27
+        translations): s = P sqrt(2 L / (3^d r)), with r = 40 flops of GEMM
+        per pair term (H200: 7e11 pairs/s against 3e13 flop/s)."""
+        translations = 6 ** self.dim - 3 ** self.dim      # an interior box's list
+        share = (2 * translations / (3 ** self.dim * 40)) ** 0.5
+        return max(32, int(share * n ** self.dim))
 
     # -------------------------------------------------------------- operators
     def operators(self, n: int, m2l_offsets, dtype) -> Operators:
