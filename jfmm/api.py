@@ -181,9 +181,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     cost one forward-mode pass per parameter.
 
     Families (`jfmm.fmm.family_for`): spherical harmonics for Laplace3D,
-    Chebyshev interpolation for every other kernel, 2D and 3D; the order
-    comes from eps (each family's `order`), or from `order` (for Chebyshev:
-    nodes per dimension).
+    complex Taylor/Laurent series for Laplace2D, Chebyshev interpolation
+    for every other kernel, 2D and 3D; the order comes from eps (each
+    family's `order`: a measured error table with a margin of 4), or from
+    `order` (for Chebyshev: nodes per dimension). The smallest eps: 3D
+    Laplace 8.4e-11, 2D Laplace 4.8e-14, Chebyshev 2.4e-12 in 2D and
+    9.5e-7 in 3D; float32 3e-6 everywhere.
     """
     _check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)

@@ -15,16 +15,18 @@ import functools
 import jax.numpy as jnp
 
 from jfmm import kernels
-from jfmm.ops import backend, chebyshev, laplace3d, translate
+from jfmm.ops import backend, chebyshev, laplace2d, laplace3d, translate
 from jfmm.tree import Tree, lists
 
 
 def family_for(kernel: kernels.Kernel, dim: int):
     """The expansion family that sums `kernel` in `dim` dimensions: the
-    spherical-harmonic family for 3D Laplace, Chebyshev interpolation
-    (kernel-independent) for every other kernel."""
+    spherical-harmonic family for 3D Laplace, complex series for 2D Laplace,
+    Chebyshev interpolation (kernel-independent) for every other kernel."""
     if isinstance(kernel, kernels.Laplace3D):
         return laplace3d
+    if isinstance(kernel, kernels.Laplace2D):
+        return laplace2d
     return chebyshev_family(dim)
 
 
