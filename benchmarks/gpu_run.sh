@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = b | c)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a | b | c | d | e)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -25,6 +25,32 @@ case "$1" in
     $b --nmin 18 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 0 2>&1 | tee "$out/f64_cube.md"
     $b --n 1048576 --dist sphere --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 | tee "$out/f32_sphere.md"
     $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 5 --direct-max 0 2>&1 | tee "$out/f32_cube.md"
+    ;;
+  e)
+    $py benchmarks/bench_grad.py --n 1048576 --dtype float32 --eps 1e-5 2>&1 | tee "$out/grad_f32.md"
+    $py benchmarks/compile_probe.py 11 float32 1048576 2>&1 | tee "$out/compile.md"
+    XLA_FLAGS=--xla_gpu_autotune_level=0 $py benchmarks/compile_probe.py 11 float32 1048576 2>&1 | tee -a "$out/compile.md"
+    for leaf in 24 32 48; do
+      $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 5 --direct-max 0 --leaf $leaf 2>&1 | tail -1
+    done | tee "$out/leaf.md"
+    $b --n 1048576 --dist plummer --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 | tee "$out/plummer.md"
+    $py benchmarks/bench_grad.py --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 2>&1 | tee "$out/grad_f64.md"
+    ;;
+  g)
+    for f in scan unrolled gathered; do
+      JFMM_M2L=$f $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 5 --direct-max 0 --leaf 32 2>&1 | tail -1 | sed "s/^/| $f /"
+    done | tee "$out/m2l.md"
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3.md"
+    $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2.md"
+    ;;
+  h)
+    $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 5 --direct-max 0 2>&1 | tee "$out/f32_cube.md"
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-4 --kernels 7,8,9,10 2>&1 | tee "$out/rbf3.md"
+    $r --dim 2 --dtype float64 --eps 1e-6 --kernels 0,7,8,9,10 2>&1 | tee "$out/rbf2.md"
+    $b --nmin 22 --nmax 24 --step 2 --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 | tail -2 | tee -a "$out/f32_cube.md"
+    $r --dim 3 --dtype float64 --eps 1e-6 --kernels 0,1,3,6,10 2>&1 | tee "$out/rbf3_f64.md"
     ;;
   c)
     $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 65536 2>&1 | tee "$out/f64_cube.md"
