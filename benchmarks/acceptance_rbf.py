@@ -1,0 +1,63 @@
+"""The issue-5 acceptance table: every kernel, 2D and 3D, float64, N = 20,000
+uniform points with mixed-sign charges, eps from 1e-3 down to each family's
+floor: measured relative L2 error of potential and gradient against the
+float64 direct sum (all targets), and whether err phi <= eps.
+
+    python benchmarks/acceptance_rbf.py --dim 2 --n 20000
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jfmm  # noqa: E402
+from bench_rbf import COMMON, KERNELS, label, rel  # noqa: E402
+
+driver = importlib.import_module("jfmm.fmm")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dim", type=int, default=2)
+    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    n, dim = args.n, args.dim
+    x = rng.random((n, dim))
+    q = rng.random(n) - 0.5
+    print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}, "
+          f"N = {n:,} uniform, {dim}D, float64")
+    print("| kernel | eps | order | err phi | err grad | err phi <= eps | s |\n"
+          "|---|---|---|---|---|---|---|")
+    fails = 0
+    for k in KERNELS[dim] + COMMON:
+        ref, gref = jfmm.direct(x, q, kernel=k, gradient=True)
+        floor = driver.family_for(k, dim).EPS_FLOOR["float64"]
+        for e in range(3, 11):
+            eps = 10.0 ** -e
+            if eps < floor:
+                print(f"| {label(k)} | {eps:g} | - | below the floor {floor:.1e} | | | |")
+                continue
+            t0 = time.perf_counter()
+            phi, g = jfmm.fmm(x, q, kernel=k, eps=eps, gradient=True)
+            ok = rel(phi, ref) <= eps
+            fails += not ok
+            print(f"| {label(k)} | {eps:g} | {driver.family_for(k, dim).order(eps, np.float64)} | "
+                  f"{rel(phi, ref):.2e} | {rel(g, gref):.2e} | {'yes' if ok else '**no**'} | "
+                  f"{time.perf_counter() - t0:.1f} |", flush=True)
+    print(f"\n{fails} case(s) above eps")
+
+
+if __name__ == "__main__":
+    main()
