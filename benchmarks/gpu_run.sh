@@ -52,6 +52,12 @@ case "$1" in
     $b --nmin 22 --nmax 24 --step 2 --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 | tail -2 | tee -a "$out/f32_cube.md"
     $r --dim 3 --dtype float64 --eps 1e-6 --kernels 0,1,3,6,10 2>&1 | tee "$out/rbf3_f64.md"
     ;;
+  i)
+    for flags in "" "--xla_gpu_autotune_level=0"; do
+      XLA_FLAGS="$flags" $py benchmarks/compile_probe.py 11 float32 1048576 2>&1 | tail -1 | sed "s/^/| $flags /"
+      XLA_FLAGS="$flags" $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 7 --direct-max 0 2>&1 | tail -1 | sed "s/^/| $flags /"
+    done | tee "$out/autotune.md"
+    ;;
   c)
     $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 65536 2>&1 | tee "$out/f64_cube.md"
     $b --n 65536 --dist plummer --dtype float32 --eps 1e-5 --repeats 3 2>&1 | tee "$out/f32_plummer.md"
