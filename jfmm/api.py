@@ -119,8 +119,8 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 
 # ------------------------------------------------------------------ fmm
 
-def _order(kernel, dim, eps, dtype, order):
-    family = _fmm.family_for(kernel, dim)
+def _order(kernel, dim, eps, dtype, order, choice):
+    family = _fmm.family_for(kernel, dim, choice)
     if order is None:
         return family.order(eps, dtype)
     if not isinstance(order, numbers.Integral) or not 1 <= order <= family.MAX_ORDER:
@@ -128,22 +128,22 @@ def _order(kernel, dim, eps, dtype, order):
     return int(order)
 
 
-def _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode):
+def _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode, family):
     """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None."""
     tree = _tree.build(sources, targets, depth)
-    ops = _fmm.operators(_fmm.family_for(kernel, tree.dim), p, tree.dim, sources.dtype) \
-        if depth >= 2 else None
-    return _evaluate(tree, ops, kernel, charges, p, gradient, mode)
+    ops = _fmm.operators(_fmm.family_for(kernel, tree.dim, family), p, tree.dim,
+                         sources.dtype) if depth >= 2 else None
+    return _evaluate(tree, ops, kernel, charges, p, gradient, mode, family)
 
 
-def _evaluate(tree, ops, kernel, charges, p, gradient, mode):
-    outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), p, mode)
+def _evaluate(tree, ops, kernel, charges, p, gradient, mode, family):
+    outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), p, mode, family)
     return outs[0], (outs[1] if gradient else None)
 
 
-@functools.partial(jax.jit, static_argnames=("p", "depth", "gradient", "mode"))
-def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient, mode):
-    return _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode)
+@functools.partial(jax.jit, static_argnames=("p", "depth", "gradient", "mode", "family"))
+def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient, mode, family):
+    return _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode, family)
 
 
 def _depth(n_src, n_tgt, dim, leaf_size, family, p):
@@ -154,7 +154,7 @@ def _depth(n_src, n_tgt, dim, leaf_size, family, p):
 
 
 def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
-        gradient=False, *, leaf_size=None, order=None):
+        gradient=False, *, leaf_size=None, order=None, family=None):
     """Fast multipole sum phi(y_j) = sum_i q_i K(|y_j - x_i|).
 
     Same arguments and shapes as `direct`, plus eps, the requested relative
@@ -186,17 +186,20 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     family's `order`: a measured error table with a margin of 4), or from
     `order` (for Chebyshev: nodes per dimension). The smallest eps: 3D
     Laplace 8.4e-11, 2D Laplace 4.8e-14, Chebyshev 2.4e-12 in 2D and
-    9.5e-7 in 3D; float32 3e-6 everywhere.
+    9.5e-7 in 3D; float32 3e-6 everywhere. family="chebyshev" overrides
+    the choice (any kernel; None or "auto" chooses as above).
     """
     _check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     dim = sources.shape[1]
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
     eps = _resolve_eps(eps, sources.dtype)
-    p = _order(kernel, dim, eps, sources.dtype, order)
-    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, _fmm.family_for(kernel, dim), p)
+    family = family or "auto"
+    p = _order(kernel, dim, eps, sources.dtype, order, family)
+    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size,
+                   _fmm.family_for(kernel, dim, family), p)
     phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient,
-                         backend.current())
+                         backend.current(), family)
     return _finish(phi, grad, squeeze, gradient)
 
 
@@ -204,12 +207,13 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
 
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["tree", "kernel", "ops"],
-                   meta_fields=["p", "eps"])
+                   meta_fields=["p", "eps", "family"])
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A built tree plus operators, to apply to many charge vectors.
 
-    Static (changing them recompiles): p, eps, and the tree's depth and dim.
+    Static (changing them recompiles): p, eps, family, and the tree's depth
+    and dim.
     Arrays: the tree, the kernel's parameters, the translation operators.
 
     overflow: always False for the uniform-depth tree, which has no capacity
@@ -221,6 +225,7 @@ class Plan:
     ops: object
     p: int
     eps: float
+    family: str = "auto"
 
     @property
     def overflow(self):
@@ -258,14 +263,15 @@ class Plan:
 
 @functools.partial(jax.jit, static_argnames=("gradient", "mode"))
 def _apply_jit(plan_, charges, gradient, mode):
-    return _evaluate(plan_.tree, plan_.ops, plan_.kernel, charges, plan_.p, gradient, mode)
+    return _evaluate(plan_.tree, plan_.ops, plan_.kernel, charges, plan_.p, gradient, mode,
+                     plan_.family)
 
 
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
 
 
 def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_size=None,
-         order=None):
+         order=None, family=None):
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`."""
     _check_eps(eps)
     dummy = jnp.zeros(jnp.shape(sources)[:1])
@@ -273,10 +279,12 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     dim = sources.shape[1]
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
     eps = _resolve_eps(eps, sources.dtype)
-    p = _order(kernel, dim, eps, sources.dtype, order)
-    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, _fmm.family_for(kernel, dim), p)
+    family = family or "auto"
+    p = _order(kernel, dim, eps, sources.dtype, order, family)
+    fam = _fmm.family_for(kernel, dim, family)
+    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, fam, p)
     tree = _build_jit(sources, targets, depth)
     ops = None
     if depth >= 2:
-        ops = _fmm.operators(_fmm.family_for(kernel, dim), p, dim, sources.dtype)
-    return Plan(tree, kernel, ops, p, eps)
+        ops = _fmm.operators(fam, p, dim, sources.dtype)
+    return Plan(tree, kernel, ops, p, eps, family)

@@ -19,13 +19,21 @@ from jfmm.ops import backend, chebyshev, laplace2d, laplace3d, translate
 from jfmm.tree import Tree, lists
 
 
-def family_for(kernel: kernels.Kernel, dim: int):
-    """The expansion family that sums `kernel` in `dim` dimensions: the
-    spherical-harmonic family for 3D Laplace, complex series for 2D Laplace,
-    Chebyshev interpolation (kernel-independent) for every other kernel."""
-    if isinstance(kernel, kernels.Laplace3D):
+FAMILIES = ("auto", "chebyshev")
+
+
+def family_for(kernel: kernels.Kernel, dim: int, choice: str = "auto"):
+    """The expansion family that sums `kernel` in `dim` dimensions.
+
+    choice "auto": the spherical-harmonic family for 3D Laplace, complex
+    series for 2D Laplace, Chebyshev interpolation (kernel-independent) for
+    every other kernel; "chebyshev": Chebyshev for every kernel.
+    """
+    if choice not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {choice!r}")
+    if choice == "auto" and isinstance(kernel, kernels.Laplace3D):
         return laplace3d
-    if isinstance(kernel, kernels.Laplace2D):
+    if choice == "auto" and isinstance(kernel, kernels.Laplace2D):
         return laplace2d
     return chebyshev_family(dim)
 

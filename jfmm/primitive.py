@@ -62,6 +62,7 @@ class Spec(NamedTuple):
     B: int
     p: int
     mode: str
+    family: str = "auto"
     nbatch: int = 0
 
 
@@ -73,13 +74,16 @@ sum_p = Primitive("jfmm_sum")
 sum_p.multiple_results = True
 
 
-def fmm_sum(tree: Tree, ops, kernel, weights: dict, B: int, p: int, mode: str):
-    """Bind the primitive: weights {order a: (N, K, d^a)} -> [out_0, ..., out_B]."""
+def fmm_sum(tree: Tree, ops, kernel, weights: dict, B: int, p: int, mode: str,
+            family: str = "auto"):
+    """Bind the primitive: weights {order a: (N, K, d^a)} -> [out_0, ..., out_B].
+
+    family: the choice passed to `jfmm.fmm.family_for`."""
     tl, tdef = jax.tree_util.tree_flatten(tree)
     ol, odef = jax.tree_util.tree_flatten(ops)
     kl, kdef = jax.tree_util.tree_flatten(kernel)
     orders = tuple(sorted(weights))
-    spec = Spec(tdef, odef, kdef, orders, B, p, mode)
+    spec = Spec(tdef, odef, kdef, orders, B, p, mode, family)
     return sum_p.bind(*tl, *ol, *kl, *(weights[a] for a in orders), spec=spec)
 
 
@@ -143,7 +147,7 @@ def _evaluate(spec: Spec, *args):
     """The primitive's meaning (no batch axes): list of out_c, c = 0..B."""
     tl, ol, kl, ws = _split(args, spec)
     tree, ops, kernel = _unflatten(spec, tl, ol, kl)
-    family = _fmm.family_for(kernel, tree.dim)
+    family = _fmm.family_for(kernel, tree.dim, spec.family)
     outs = [None] * (spec.B + 1)
 
     def add(c, v):

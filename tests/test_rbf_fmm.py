@@ -100,3 +100,22 @@ def test_float32(rng):
     ref, gref = jfmm.direct(np.float32(x).astype(np.float64), np.float32(q).astype(np.float64),
                             kernel=kern, gradient=True)
     assert rel(phi, ref) <= 1e-4 and rel(grad, gref) <= 1e-3
+
+
+@pytest.mark.parametrize("kernel,dim", [(K.Laplace3D(), 3), (K.Laplace2D(), 2)],
+                         ids=["Laplace3D", "Laplace2D"])
+def test_family_override(kernel, dim, rng):
+    """family="chebyshev" sums the Laplace kernels with the kernel-independent
+    family, through fmm, plan and jax.grad alike."""
+    x, q = points("cluster", 700, rng, dim), charges(700, rng)
+    ref, gref = jfmm.direct(x, q, kernel=kernel, gradient=True)
+    phi, grad = jfmm.fmm(x, q, kernel=kernel, eps=1e-4, gradient=True, leaf_size=16,
+                         family="chebyshev")
+    assert rel(phi, ref) <= 1e-4 and rel(grad, gref) <= 1e-3
+    pl = jfmm.plan(x, kernel=kernel, eps=1e-4, leaf_size=16, family="chebyshev")
+    assert pl.family == "chebyshev" and rel(pl.apply(q), ref) <= 1e-4
+    dq = jax.grad(lambda c: jnp.sum(jfmm.fmm(x, c, kernel=kernel, eps=1e-4, leaf_size=16,
+                                             family="chebyshev") ** 2))(jnp.asarray(q))
+    assert rel(dq, 2 * jfmm.direct(x, ref, kernel=kernel)) <= 1e-3
+    with pytest.raises(ValueError, match="family must be one of"):
+        jfmm.fmm(x, q, kernel=kernel, family="fgt")
