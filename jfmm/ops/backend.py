@@ -8,6 +8,7 @@ and pass it down as a static argument, so it is part of every jit cache key.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import jax
@@ -74,6 +75,23 @@ def _family_twin(family, p: int, mode: str):
     return _PALLAS_FAMILIES.get(family)
 
 
+# The jnp P2M and L2P make K x P (or K x E x P) values per point; above this
+# many in all they run over chunks of points, so that memory stays O(N)
+# with a small constant (float64 at p = 36 and N = 2^20 held tens of GB).
+CHUNK_VALUES = 2 ** 26
+
+
+def _chunk(n: int, per_point: int) -> int | None:
+    """Points per chunk (a power of 2), or None when one pass fits."""
+    if n * per_point <= CHUNK_VALUES:
+        return None
+    return max(1, 2 ** int(math.log2(max(1, CHUNK_VALUES // per_point))))
+
+
+def _pad_rows(x, rows: int, value=0):
+    return jnp.concatenate([x, jnp.full((rows,) + x.shape[1:], value, x.dtype)]) if rows else x
+
+
 def p2m(family, u, q, start, leaf_of, p: int, mode: str):
     """Leaf multipoles (n_leaves, K, P) of sorted sources on backend `mode`.
 
@@ -81,11 +99,23 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str):
     leaf ranges; leaf_of: (N,) leaf of each source.
     """
     twin = _family_twin(family, p, mode)
-    if twin is None:
-        n_leaves = start.shape[0] - 2
-        return jax.ops.segment_sum(family.p2m(u, q, p), leaf_of, n_leaves,
-                                   indices_are_sorted=True)
-    return twin.p2m(u, q, start, p, interpret=mode == "interpret")
+    if twin is not None:
+        return twin.p2m(u, q, start, p, interpret=mode == "interpret")
+    n_leaves = start.shape[0] - 2
+
+    def leaves(uu, qq, ll):
+        return jax.ops.segment_sum(family.p2m(uu, qq, p), ll, n_leaves, indices_are_sorted=True)
+
+    out = jax.eval_shape(lambda: family.p2m(u[:1], q[:1], p))
+    c = _chunk(u.shape[0], out.shape[1] * out.shape[2])
+    if c is None:
+        return leaves(u, q, leaf_of)
+    pad = -u.shape[0] % c
+    xs = [_pad_rows(a, pad, fill).reshape((-1, c) + a.shape[1:])          # zero charges,
+          for a, fill in ((u, 0), (q, 0), (leaf_of, n_leaves - 1))]        # sorted leaf ids
+    init = jnp.zeros((n_leaves,) + out.shape[1:], out.dtype)
+    total, _ = jax.lax.scan(lambda acc, x: (acc + leaves(*x), None), init, xs)
+    return total
 
 
 def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str):
@@ -93,6 +123,15 @@ def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str):
     `mode`: phi (M, K), grad (M, K, 3) or None. coef: (n_leaves, K, E, P)
     from `family.l2p_coefficients`; h: leaf side."""
     twin = _family_twin(family, p, mode)
-    if twin is None:
+    if twin is not None:
+        return twin.l2p(u, coef, start, h, p, gradient, interpret=mode == "interpret")
+    m = u.shape[0]
+    c = _chunk(m, math.prod(coef.shape[1:]))
+    if c is None:
         return family.l2p(u, coef[leaf_of], h, p, gradient)
-    return twin.l2p(u, coef, start, h, p, gradient, interpret=mode == "interpret")
+    pad = -m % c
+    uc = _pad_rows(u, pad).reshape((-1, c) + u.shape[1:])
+    lc = _pad_rows(leaf_of, pad).reshape(-1, c)
+    phi, grad = jax.lax.map(lambda x: family.l2p(x[0], coef[x[1]], h, p, gradient), (uc, lc))
+    phi = phi.reshape((-1,) + phi.shape[2:])[:m]
+    return phi, (grad.reshape((-1,) + grad.shape[2:])[:m] if gradient else None)
