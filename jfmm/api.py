@@ -89,6 +89,12 @@ def _check_eps(eps):
         raise ValueError(f"eps must be > 0, got {eps}")
 
 
+def _check_family(family):
+    if family is not None and family not in _fmm.FAMILIES:
+        raise ValueError(f"family must be one of {_fmm.FAMILIES} or None, got {family!r}")
+    return family or "auto"
+
+
 def _finish(phi, grad, squeeze: bool, gradient: bool):
     if squeeze:
         phi = phi[:, 0]
@@ -131,8 +137,8 @@ def _order(kernel, dim, eps, dtype, order, choice):
 def _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode, family):
     """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None."""
     tree = _tree.build(sources, targets, depth)
-    ops = _fmm.operators(_fmm.family_for(kernel, tree.dim, family), p, tree.dim,
-                         sources.dtype) if depth >= 2 else None
+    fam = _fmm.family_for(kernel, tree.dim, family)
+    ops = _fmm.operators(fam, p, tree.dim, sources.dtype) if depth >= 2 and fam else None
     return _evaluate(tree, ops, kernel, charges, p, gradient, mode, family)
 
 
@@ -151,6 +157,21 @@ def _depth(n_src, n_tgt, dim, leaf_size, family, p):
     if leaf < 1:
         raise ValueError(f"leaf_size must be >= 1, got {leaf_size}")
     return _tree.choose_depth(max(n_src, n_tgt), dim, leaf)
+
+
+def _near_only(kernel, sources, targets, eps, depth) -> bool:
+    """Whether the far field is negligible: every pair of non-adjacent
+    leaves is farther apart than the kernel's cutoff for 0.1 eps (the leaf
+    side, at least the points' extent / 2^depth, exceeds it). Decided only
+    where the kernel's parameters and the points are concrete."""
+    cut = kernel.cutoff(0.1 * eps)
+    pts = [sources] + ([] if targets is None else [targets])
+    if cut is None or depth < 2 or not all(_concrete(x) for x in pts):
+        return False
+    with jax.ensure_compile_time_eval():
+        both = jnp.concatenate(pts)
+        extent = float(jnp.max(jnp.max(both, axis=0) - jnp.min(both, axis=0)))
+    return extent / 2 ** depth >= cut
 
 
 def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
@@ -187,17 +208,21 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     `order` (for Chebyshev: nodes per dimension). The smallest eps: 3D
     Laplace 8.4e-11, 2D Laplace 4.8e-14, Chebyshev 2.4e-12 in 2D and
     9.5e-7 in 3D; float32 3e-6 everywhere. family="chebyshev" overrides
-    the choice (any kernel; None or "auto" chooses as above).
+    the choice (any kernel; None or "auto" chooses as above). With "auto", a
+    Gaussian so narrow that it falls below 0.1 eps within one leaf side is
+    summed over neighbouring leaves alone (no expansions).
     """
     _check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     dim = sources.shape[1]
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
     eps = _resolve_eps(eps, sources.dtype)
-    family = family or "auto"
+    family = _check_family(family)
     p = _order(kernel, dim, eps, sources.dtype, order, family)
     depth = _depth(sources.shape[0], n_tgt, dim, leaf_size,
                    _fmm.family_for(kernel, dim, family), p)
+    if family == "auto" and _near_only(kernel, sources, targets, eps, depth):
+        family = "near"
     phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient,
                          backend.current(), family)
     return _finish(phi, grad, squeeze, gradient)
@@ -279,7 +304,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     dim = sources.shape[1]
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
     eps = _resolve_eps(eps, sources.dtype)
-    family = family or "auto"
+    family = _check_family(family)
     p = _order(kernel, dim, eps, sources.dtype, order, family)
     fam = _fmm.family_for(kernel, dim, family)
     depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, fam, p)

@@ -27,8 +27,12 @@ def family_for(kernel: kernels.Kernel, dim: int, choice: str = "auto"):
 
     choice "auto": the spherical-harmonic family for 3D Laplace, complex
     series for 2D Laplace, Chebyshev interpolation (kernel-independent) for
-    every other kernel; "chebyshev": Chebyshev for every kernel.
+    every other kernel; "chebyshev": Chebyshev for every kernel; "near":
+    None, the near field alone (chosen by jfmm.api where the kernel is
+    negligible between non-adjacent leaves).
     """
+    if choice == "near":
+        return None
     if choice not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {choice!r}")
     if choice == "auto" and isinstance(kernel, kernels.Laplace3D):
@@ -75,14 +79,14 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
 
     charges: (N, K) in the caller's source order; family: the expansion
     family (see jfmm.ops) with its operators `ops` at order p, unused when
-    the tree is shallower than 2; mode: the near-field backend
+    the tree is shallower than 2 or family is None (near field only); mode: the near-field backend
     (jfmm.ops.backend).
     """
     q_sorted = charges[tree.src_perm]
     near = lists.neighbors(tree.depth, tree.dim)
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, gradient, mode)
-    if tree.depth >= 2:
+    if tree.depth >= 2 and family is not None:
         mult = upward(tree, q_sorted, family, ops, p, mode)
         loc = downward(tree, mult, family, ops, kernel, p)
         h = tree.box_side(tree.depth)

@@ -10,6 +10,7 @@ excluded and coincident points are safe).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, ClassVar
 
 import jax
@@ -47,6 +48,13 @@ class Kernel:
             return self.radial(jnp.zeros((), dtype))
         with jax.ensure_compile_time_eval():
             return float(self.radial(jnp.zeros((), dtype)))
+
+    def cutoff(self, tol: float):
+        """A distance beyond which |K| <= tol max|K|, or None (no such
+        distance, or parameters not concrete). Kernels that decay fast
+        define it; the FMM then drops the far field where every far pair is
+        beyond it."""
+        return None
 
     def value_and_derivative(self, r):
         """K(r) and dK/dr for r >= 0 (r > 0 where the kernel is singular).
@@ -132,6 +140,11 @@ class Gaussian(Kernel):
 
     def radial(self, r):
         return jnp.exp(-(self.epsilon * r) ** 2)
+
+    def cutoff(self, tol: float):
+        if isinstance(self.epsilon, Tracer) or not self.epsilon:
+            return None
+        return math.sqrt(math.log(1 / tol)) / abs(float(self.epsilon))
 
 
 @_shape

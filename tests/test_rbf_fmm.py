@@ -2,6 +2,8 @@
 direct sum: potential, gradient, targets = and != sources, uniform and
 clustered points, several shape parameters, eps sweeps, and gradients with
 respect to kernel parameters."""
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,8 @@ from conftest import charges, points, rel
 
 import jfmm
 from jfmm import kernels as K
+
+driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 
 CASES = [K.Gaussian(0.7), K.Gaussian(3.0), K.Multiquadric(1.0), K.InverseMultiquadric(4.0),
          K.InverseQuadratic(2.0), K.ThinPlateSpline(), K.Linear(), K.Cubic(), K.Quintic(),
@@ -119,3 +123,25 @@ def test_family_override(kernel, dim, rng):
     assert rel(dq, 2 * jfmm.direct(x, ref, kernel=kernel)) <= 1e-3
     with pytest.raises(ValueError, match="family must be one of"):
         jfmm.fmm(x, q, kernel=kernel, family="fgt")
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_narrow_gaussian_near_field_only(dim, rng, monkeypatch):
+    """A Gaussian below 0.1 eps within one leaf side skips the expansions
+    (the downward pass is never called) and still meets eps; a wider one
+    does not skip them."""
+    x, q = points("cube", 1500, rng, dim), charges(1500, rng)
+    y = points("sphere", 400, rng, dim)      # in the unit box (clusters have far outliers)
+    narrow, wide = K.Gaussian(300.0), K.Gaussian(3.0)
+    ref, gref = jfmm.direct(x, q, y, kernel=narrow, gradient=True)
+    calls = []
+    real = driver.downward
+    monkeypatch.setattr(driver, "downward", lambda *a: calls.append(1) or real(*a))
+    jax.clear_caches()
+    phi, grad = jfmm.fmm(x, q, y, kernel=narrow, eps=1e-6, gradient=True, leaf_size=16)
+    assert not calls
+    assert rel(phi, ref) <= 1e-6 and rel(grad, gref) <= 1e-5
+    jfmm.fmm(x, q, y, kernel=wide, eps=1e-6, leaf_size=16)
+    assert calls
+    with pytest.raises(ValueError, match="family must be one of"):
+        jfmm.fmm(x, q, kernel=narrow, family="near")
