@@ -79,8 +79,8 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
 
     charges: (N, K) in the caller's source order; family: the expansion
     family (see jfmm.ops) with its operators `ops` at order p, unused when
-    the tree is shallower than 2 or family is None (near field only); mode: the near-field backend
-    (jfmm.ops.backend).
+    the tree is shallower than 2 or family is None (near field only);
+    mode: the near-field backend (jfmm.ops.backend).
     """
     q_sorted = charges[tree.src_perm]
     near = lists.neighbors(tree.depth, tree.dim)

@@ -44,10 +44,13 @@ class Kernel:
         Evaluated eagerly where the kernel's parameters are concrete: inside
         a Pallas kernel, arithmetic on a literal (-0 for Linear) does not
         lower to Triton (jax 0.10 and 0.11)."""
-        if any(isinstance(v, Tracer) for v in jax.tree_util.tree_leaves(self)):
-            return self.radial(jnp.zeros((), dtype))
-        with jax.ensure_compile_time_eval():
-            return float(self.radial(jnp.zeros((), dtype)))
+        if not any(isinstance(v, Tracer) for v in jax.tree_util.tree_leaves(self)):
+            try:
+                with jax.ensure_compile_time_eval():
+                    return float(self.radial(jnp.zeros((), dtype)))
+            except jax.errors.ConcretizationTypeError:   # a Radial fn closing over a tracer
+                pass
+        return self.radial(jnp.zeros((), dtype))
 
     def cutoff(self, tol: float):
         """A distance beyond which |K| <= tol max|K|, or None (no such

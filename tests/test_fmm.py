@@ -194,16 +194,16 @@ def test_chunked_p2m_l2p_match_direct(rng, monkeypatch):
     forced here with a tiny budget, results and gradients match the direct
     sum and an odd N pads the last chunk."""
     from jfmm.ops import backend
-    monkeypatch.setattr(backend, "CHUNK_VALUES", 2 ** 12)
+    monkeypatch.setattr(backend, "CHUNK_VALUES", 2 ** 15)
     jax.clear_caches()
-    x, y = points("cluster", 1501, rng), points("cube", 701, rng)
-    q = charges(1501, rng)
-    phi, grad = jfmm.fmm(x, q, y, eps=1e-8, gradient=True, leaf_size=16)
+    x, y = points("cluster", 1001, rng), points("cube", 501, rng)
+    q = charges(1001, rng)
+    phi, grad = jfmm.fmm(x, q, y, eps=1e-6, gradient=True, leaf_size=16)
     ref, gref = jfmm.direct(x, q, y, gradient=True)
-    assert rel(phi, ref) <= 1e-8 and rel(grad, gref) <= 1e-7
-    w = jnp.asarray(rng.random(701) - 0.5)
+    assert rel(phi, ref) <= 1e-6 and rel(grad, gref) <= 1e-5
+    w = jnp.asarray(rng.random(501) - 0.5)
     loss = lambda f, a, **kw: jnp.sum(w * f(a, q, y, **kw))  # noqa: E731
-    got = jax.grad(lambda a: loss(jfmm.fmm, a, eps=1e-8, leaf_size=16))(jnp.asarray(x))
+    got = jax.grad(lambda a: loss(jfmm.fmm, a, eps=1e-6, leaf_size=16))(jnp.asarray(x))
     want = jax.grad(lambda a: loss(jfmm.direct, a))(jnp.asarray(x))
-    assert rel(got, want) <= 1e-7
+    assert rel(got, want) <= 1e-5
     jax.clear_caches()

@@ -111,16 +111,16 @@ def test_float32(rng):
 def test_family_override(kernel, dim, rng):
     """family="chebyshev" sums the Laplace kernels with the kernel-independent
     family, through fmm, plan and jax.grad alike."""
-    x, q = points("cluster", 700, rng, dim), charges(700, rng)
+    x, q = points("cluster", 500, rng, dim), charges(500, rng)
     ref, gref = jfmm.direct(x, q, kernel=kernel, gradient=True)
-    phi, grad = jfmm.fmm(x, q, kernel=kernel, eps=1e-4, gradient=True, leaf_size=16,
+    phi, grad = jfmm.fmm(x, q, kernel=kernel, eps=1e-3, gradient=True, leaf_size=16,
                          family="chebyshev")
-    assert rel(phi, ref) <= 1e-4 and rel(grad, gref) <= 1e-3
-    pl = jfmm.plan(x, kernel=kernel, eps=1e-4, leaf_size=16, family="chebyshev")
-    assert pl.family == "chebyshev" and rel(pl.apply(q), ref) <= 1e-4
-    dq = jax.grad(lambda c: jnp.sum(jfmm.fmm(x, c, kernel=kernel, eps=1e-4, leaf_size=16,
+    assert rel(phi, ref) <= 1e-3 and rel(grad, gref) <= 1e-2
+    pl = jfmm.plan(x, kernel=kernel, eps=1e-3, leaf_size=16, family="chebyshev")
+    assert pl.family == "chebyshev" and rel(pl.apply(q), ref) <= 1e-3
+    dq = jax.grad(lambda c: jnp.sum(jfmm.fmm(x, c, kernel=kernel, eps=1e-3, leaf_size=16,
                                              family="chebyshev") ** 2))(jnp.asarray(q))
-    assert rel(dq, 2 * jfmm.direct(x, ref, kernel=kernel)) <= 1e-3
+    assert rel(dq, 2 * jfmm.direct(x, ref, kernel=kernel)) <= 1e-2
     with pytest.raises(ValueError, match="family must be one of"):
         jfmm.fmm(x, q, kernel=kernel, family="fgt")
 
@@ -141,7 +141,7 @@ def test_narrow_gaussian_near_field_only(dim, rng, monkeypatch):
     phi, grad = jfmm.fmm(x, q, y, kernel=narrow, eps=1e-6, gradient=True, leaf_size=16)
     assert not calls
     assert rel(phi, ref) <= 1e-6 and rel(grad, gref) <= 1e-5
-    jfmm.fmm(x, q, y, kernel=wide, eps=1e-6, leaf_size=16)
+    jfmm.fmm(x, q, y, kernel=wide, eps=1e-4, leaf_size=16)
     assert calls
     with pytest.raises(ValueError, match="family must be one of"):
         jfmm.fmm(x, q, kernel=narrow, family="near")
