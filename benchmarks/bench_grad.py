@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jfmm  # noqa: E402
-from bench_laplace import make_points, median_time, reference  # noqa: E402
+from bench_laplace import make_points, median_time, reference, rel  # noqa: E402
 
 
 def compiled(f, *args):
@@ -42,11 +42,6 @@ def compiled(f, *args):
     mem = c.memory_analysis()
     temp = getattr(mem, "temp_size_in_bytes", float("nan")) if mem is not None else float("nan")
     return c, first, temp
-
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
 def main():

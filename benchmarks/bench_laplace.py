@@ -56,6 +56,12 @@ def reference(x64, q64, y64):
         return np.asarray(phi), np.asarray(grad)
 
 
+def rel(a, b):
+    """Relative L2 error of a against b, in float64."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
 def median_time(f, *args, repeats):
     jax.block_until_ready(f(*args))
     ts = []

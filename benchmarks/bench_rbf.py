@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jfmm  # noqa: E402
-from bench_laplace import median_time  # noqa: E402
+from bench_laplace import median_time, rel  # noqa: E402
 from jfmm import kernels as K  # noqa: E402
 
 driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
@@ -38,11 +38,6 @@ COMMON = [K.Gaussian(1.0), K.Gaussian(10.0), K.Multiquadric(1.0), K.InverseMulti
 def label(k):
     v = [f"{float(x):g}" for x in jax.tree_util.tree_leaves(k)]
     return type(k).__name__ + (f"({v[0]})" if v else "")
-
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
 def main():

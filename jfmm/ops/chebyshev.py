@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jfmm.ops import rules
 from jfmm.tree import lists
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -158,12 +159,8 @@ class Chebyshev:
     def order(self, eps: float, dtype) -> int:
         """Nodes per dimension n for a relative L2 error eps (ValueError if
         eps is below what dtype or the largest n reaches)."""
-        name = jnp.dtype(dtype).name
-        floor = self.EPS_FLOOR[name]
-        if eps < floor:
-            raise ValueError(f"eps={eps:g} is below what the {self.dim}D Chebyshev family "
-                             f"reaches in {name} (about {floor:.1e})")
-        return min(n for n in self.ORDERS if self._error_bound(n) <= eps or n == self.MAX_ORDER)
+        return rules.choose_order(eps, dtype, self.EPS_FLOOR, self.ORDERS, self._error_bound,
+                                  f"the {self.dim}D Chebyshev family")
 
     def leaf_size(self, n: int) -> int:
         """Mean points per leaf s that balances, per leaf, the near field's

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jfmm.ops import rules
 from jfmm.tree import lists
 
 DIM = 2
@@ -285,9 +286,4 @@ def order(eps: float, dtype) -> int:
     Raises ValueError if eps is below what `dtype` (or the largest tabulated
     order) can reach.
     """
-    name = jnp.dtype(dtype).name
-    floor = EPS_FLOOR[name]
-    if eps < floor:
-        hint = "; use float64 inputs with jax_enable_x64" if name == "float32" else ""
-        raise ValueError(f"eps={eps:g} is below what {name} reaches (about {floor:.1e}){hint}")
-    return min(p for p in ORDERS if _error_bound(p) <= eps or p == MAX_ORDER)
+    return rules.choose_order(eps, dtype, EPS_FLOOR, ORDERS, _error_bound, "the 2D Laplace family")
