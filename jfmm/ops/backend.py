@@ -95,7 +95,7 @@ def _pad_rows(x, rows: int, value=0):
 def p2m(family, u, q, start, leaf_of, p: int, mode: str):
     """Leaf multipoles (n_leaves, K, P) of sorted sources on backend `mode`.
 
-    u: (N, 3) scaled box-local positions; q: (N, K); start: (n_leaves + 2,)
+    u: (N, d) scaled box-local positions; q: (N, K); start: (n_leaves + 2,)
     leaf ranges; leaf_of: (N,) leaf of each source.
     """
     twin = _family_twin(family, p, mode)
@@ -120,7 +120,7 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str):
 
 def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str):
     """Local expansions of the leaves at their sorted targets on backend
-    `mode`: phi (M, K), grad (M, K, 3) or None. coef: (n_leaves, K, E, P)
+    `mode`: phi (M, K), grad (M, K, d) or None. coef: (n_leaves, K, E, P)
     from `family.l2p_coefficients`; h: leaf side."""
     twin = _family_twin(family, p, mode)
     if twin is not None:
