@@ -123,8 +123,7 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng, leaf=None):
     sample = rng.choice(n, size=min(1000, n), replace=False)
     x64, q64 = x.astype(np.float64), q.astype(np.float64)
     ref, gref = reference(x64, q64, x64[sample])
-    err = np.linalg.norm(np.asarray(phi, np.float64)[sample] - ref) / np.linalg.norm(ref)
-    gerr = np.linalg.norm(np.asarray(grad, np.float64)[sample] - gref) / np.linalg.norm(gref)
+    err, gerr = rel(np.asarray(phi)[sample], ref), rel(np.asarray(grad)[sample], gref)
     ms = lambda t: f"{t * 1e3:.2f}"  # noqa: E731
     return (f"| {n:,} | {kind} | {np.dtype(dtype).name} | {eps:g} | {p} | {depth} | "
             f"{ms(t_build)} | {ms(t_up)} | {ms(t_down)} | {ms(t_l2p)} | {ms(t_p2p)} | "

@@ -185,9 +185,6 @@ class ThinPlateSpline(Kernel):
         safe = jnp.where(r > 0, r, 1.0)
         return jnp.where(r > 0, r * r * jnp.log(safe), 0.0)
 
-    def at_zero(self, dtype):
-        return jnp.zeros((), dtype)
-
 
 @_shape
 class Linear(Kernel):

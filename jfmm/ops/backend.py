@@ -88,10 +88,6 @@ def _chunk(n: int, per_point: int) -> int | None:
     return max(1, 2 ** int(math.log2(max(1, CHUNK_VALUES // per_point))))
 
 
-def _pad_rows(x, rows: int, value=0):
-    return jnp.concatenate([x, jnp.full((rows,) + x.shape[1:], value, x.dtype)]) if rows else x
-
-
 def p2m(family, u, q, start, leaf_of, p: int, mode: str):
     """Leaf multipoles (n_leaves, K, P) of sorted sources on backend `mode`.
 
@@ -111,8 +107,9 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str):
     if c is None:
         return leaves(u, q, leaf_of)
     pad = -u.shape[0] % c
-    xs = [_pad_rows(a, pad, fill).reshape((-1, c) + a.shape[1:])          # zero charges,
-          for a, fill in ((u, 0), (q, 0), (leaf_of, n_leaves - 1))]        # sorted leaf ids
+    # Padding: zero charges, leaf ids kept sorted.
+    xs = [p2p.pad_rows(a, pad, fill).reshape((-1, c) + a.shape[1:])
+          for a, fill in ((u, 0), (q, 0), (leaf_of, n_leaves - 1))]
     init = jnp.zeros((n_leaves,) + out.shape[1:], out.dtype)
     total, _ = jax.lax.scan(lambda acc, x: (acc + leaves(*x), None), init, xs)
     return total
@@ -130,8 +127,8 @@ def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str):
     if c is None:
         return family.l2p(u, coef[leaf_of], h, p, gradient)
     pad = -m % c
-    uc = _pad_rows(u, pad).reshape((-1, c) + u.shape[1:])
-    lc = _pad_rows(leaf_of, pad).reshape(-1, c)
+    uc = p2p.pad_rows(u, pad).reshape((-1, c) + u.shape[1:])
+    lc = p2p.pad_rows(leaf_of, pad).reshape(-1, c)
     phi, grad = jax.lax.map(lambda x: family.l2p(x[0], coef[x[1]], h, p, gradient), (uc, lc))
     phi = phi.reshape((-1,) + phi.shape[2:])[:m]
     return phi, (grad.reshape((-1,) + grad.shape[2:])[:m] if gradient else None)

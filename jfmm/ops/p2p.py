@@ -49,9 +49,9 @@ def default_batch(n_tiles: int) -> int:
     return max(1, n_tiles)
 
 
-def pad_rows(a, n):
-    """a with n zero rows appended (so fixed-size slices never leave it)."""
-    return jnp.concatenate([a, jnp.zeros((n,) + a.shape[1:], a.dtype)])
+def pad_rows(a, n, value=0):
+    """a with n rows of `value` appended (so fixed-size slices never leave it)."""
+    return jnp.concatenate([a, jnp.full((n,) + a.shape[1:], value, a.dtype)])
 
 
 def dense(kernel: Kernel, targets, sources, charges, gradient: bool,

@@ -1,7 +1,7 @@
 """Pallas P2M and L2P kernels for the 3D Laplace family.
 
-Twins of the leaf-level jnp operators `jfmm.ops.laplace3d.p2m_leaves` and
-`l2p_leaves` (the specification). Both cut the Morton-sorted points into
+Twins of the jnp leaf operators (`jfmm.ops.laplace3d.p2m` summed per leaf,
+and `laplace3d.l2p`; jfmm.ops.backend chooses between them). Both cut the Morton-sorted points into
 leaf-aligned tiles of T points (as the P2P kernel does), compute the regular
 harmonics of a tile in registers with the unrolled recurrences of
 `laplace3d.regular_stream`, and use each harmonic as it comes: P2M reduces
