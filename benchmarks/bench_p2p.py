@@ -11,6 +11,7 @@ Errors are relative L2 against float64 sums of the same inputs.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -40,10 +41,24 @@ def ref_phi(x, q, y):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="all,near,fmm", help="sections to run")
+    ap.add_argument("--depths", default="4,5", help="tree depths of the near-field section")
+    ap.add_argument("--blocks", default="16,16,1;32,32,4;16,32,2;32,16,2",
+                    help="Pallas tiles 'T,S,warps;...'")
+    args = ap.parse_args()
+    parts = args.parts.split(",")
     rng = np.random.default_rng(0)
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}")
-    B = pallas_p2p.Blocks
-    blocks = [B(16, 16, 1), B(32, 32, 4), B(16, 32, 2), B(32, 16, 2)]
+    blocks = [pallas_p2p.Blocks(*map(int, b.split(","))) for b in args.blocks.split(";")]
+    if "all" in parts:
+        all_pairs(blocks, rng)
+    x, q, best = near(blocks, [int(d) for d in args.depths.split(",")], rng)
+    if "fmm" in parts:
+        whole(x, q, best or blocks[0], rng)
+
+
+def all_pairs(blocks, rng):
     print("\n## all pairs, float32, potential + gradient\n")
     print("| N | path | tiles T x S, warps | ms | pairs/s | err phi |\n|---|---|---|---|---|---|")
     for n in (2 ** 16,):
@@ -69,13 +84,17 @@ def main():
         t = median_time(g, xd, qd, repeats=3)
         print(f"| {n:,} | jnp | 256 x 256 | {t * 1e3:.2f} | {n * n / t:.3g} | - |", flush=True)
 
+
+def near(blocks, depths, rng):
+    """Near-field section; returns the points, charges and the fastest tiles
+    at the first depth."""
     print("\n## FMM near field, N = 2^20 uniform, float32, potential + gradient\n")
     n = 2 ** 20
     x = jnp.asarray(rng.random((n, 3)).astype(np.float32))
     q = jnp.asarray((rng.random((n, 1)) - 0.5).astype(np.float32))
     print("| depth | path | tiles | ms | pairs/s |\n|---|---|---|---|---|")
     best = (float("inf"), None)
-    for depth in (4, 5):
+    for depth in depths:
         t = jax.jit(build, static_argnames="depth")(x, None, depth=depth)
         near = lists.neighbors(depth, 3)
         cnt = np.diff(np.asarray(t.src_start)[: 2 ** (3 * depth) + 1])
@@ -94,26 +113,30 @@ def main():
                 continue
             print(f"| {depth} | pallas | {label(b)} | {tm * 1e3:.2f} | "
                   f"{pairs / tm:.3g} |", flush=True)
-            if depth == 4 and tm < best[0]:
+            if depth == depths[0] and tm < best[0]:
                 best = (tm, b)
         f = jax.jit(lambda *a: p2p.near_field(*a, True), static_argnums=0)
         tm = median_time(f, *args[:-1], repeats=3)
         print(f"| {depth} | jnp | 64 | {tm * 1e3:.2f} | {pairs / tm:.3g} |", flush=True)
+    return x, q, best[1]
 
+
+def whole(x, q, best, rng):
+    n = x.shape[0]
     print("\n## whole fmm(), N = 2^20 uniform, float32, eps 1e-5, potential + gradient\n")
     print("| backend | leaf size | p | total ms | first call s | err phi |\n|---|---|---|---|---|---|")
     xs = np.asarray(x)
     sample = rng.choice(n, 500, replace=False)
     ref = ref_phi(xs.astype(np.float64), np.asarray(q)[:, 0].astype(np.float64),
                   xs[sample].astype(np.float64))
-    print(f"(Pallas tiles: the fastest at depth 4, {label(best[1])})\n")
+    print(f"(Pallas tiles: the fastest at the first depth, {label(best)})\n")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "best_blocks"), "w") as fh:
-            b = best[1]
+            b = best
             fh.write(f"{b.targets},{b.sources},{b.num_warps}")
     for mode in ("pallas",):
         for leaf in (None, 32, 64):
-            backend.set_backend(mode, best[1])
+            backend.set_backend(mode, best)
             f = jax.jit(lambda a, c, leaf=leaf: jfmm.fmm(a, c, eps=1e-5, gradient=True,
                                                          leaf_size=leaf))
             t0 = time.perf_counter()

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jfmm  # noqa: E402
 from bench_laplace import median_time, rel  # noqa: E402
 from jfmm import kernels as K  # noqa: E402
+from jfmm.ops import translate  # noqa: E402
 
 driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 
@@ -49,7 +50,11 @@ def main():
     ap.add_argument("--direct-n", type=int, default=2 ** 16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--kernels", default=None, help="comma-separated indices into the list")
+    ap.add_argument("--gather-bytes", type=int, default=None,
+                    help="override jfmm.ops.translate.GATHER_BYTES (the M2L formulation)")
     args = ap.parse_args()
+    if args.gather_bytes:
+        translate.GATHER_BYTES = args.gather_bytes
     jax.config.update("jax_enable_x64", True)      # the float64 references
     dtype = np.dtype(args.dtype).type
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a | b | c | d | e)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. j)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -57,6 +57,40 @@ case "$1" in
       XLA_FLAGS="$flags" $py benchmarks/compile_probe.py 11 float32 1048576 2>&1 | tail -1 | sed "s/^/| $flags /"
       XLA_FLAGS="$flags" $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 7 --direct-max 0 2>&1 | tail -1 | sed "s/^/| $flags /"
     done | tee "$out/autotune.md"
+    ;;
+  k)
+    one="$b --n 1048576 --dtype float32 --eps 1e-5 --repeats 7 --direct-max 0"
+    for flags in "" "--xla_gpu_enable_triton_gemm=false"; do
+      for blocks in 16,16,1 8,16,1; do
+        XLA_FLAGS="$flags" $one --blocks $blocks 2>&1 | tail -1 | sed "s/^/| $flags $blocks /"
+      done
+    done | tee "$out/first_call.md"
+    $py benchmarks/bench_p2p.py --parts all,near --depths 5,4 \
+      --blocks "16,16,1;8,16,1;4,16,1;8,8,1;4,32,1;8,32,2" 2>&1 | tee "$out/p2p.md"
+    f64="$b --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 0"
+    for flags in "" "--xla_gpu_enable_triton_gemm=false"; do
+      XLA_FLAGS="$flags" $f64 2>&1 | tail -1 | sed "s/^/| $flags /"
+    done | tee "$out/f64.md"
+    timeout 150 $py benchmarks/bench_rbf.py --n 1048576 --repeats 3 --dim 3 --dtype float32 \
+      --eps 1e-4 2>&1 | tee "$out/rbf3.md"
+    ;;
+  l)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 7 --direct-max 0 2>&1 | tee "$out/f32_cube.md"
+    $b --n 1048576 --dist sphere,plummer --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 \
+      2>&1 | tail -2 | tee -a "$out/f32_cube.md"
+    $py benchmarks/bench_grad.py --n 1048576 --dtype float32 --eps 1e-5 2>&1 | tee "$out/grad.md"
+    $py benchmarks/bench_grad.py --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 2>&1 \
+      | tee -a "$out/grad.md"
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-4 --kernels 0,6,7 --gather-bytes 1073741824 2>&1 \
+      | tee "$out/rbf3_gather.md"
+    timeout 200 $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2.md"
+    ;;
+  m)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    timeout 560 $py benchmarks/bench_rbf.py --n 1048576 --repeats 3 --dim 3 --dtype float64 \
+      --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
     ;;
   c)
     $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 65536 2>&1 | tee "$out/f64_cube.md"

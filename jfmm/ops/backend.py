@@ -77,8 +77,8 @@ def _family_twin(family, p: int, mode: str):
 
 # The jnp P2M and L2P make K x P (or K x E x P) values per point; above this
 # many in all they run over chunks of points, so that memory stays O(N)
-# with a small constant (float64 at p = 36 and N = 2^20 held tens of GB).
-CHUNK_VALUES = 2 ** 26
+# with a bounded constant (float64 at p = 36 and N = 2^20 held tens of GB).
+CHUNK_VALUES = 2 ** 28
 
 
 def _chunk(n: int, per_point: int) -> int | None:

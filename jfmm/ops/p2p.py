@@ -118,6 +118,26 @@ def scatter_tiles(phi_t, grad_t, t0, t1, m: int):
     return put(phi_t), None if grad_t is None else put(grad_t)
 
 
+def source_ranges(near, src_start):
+    """Source ranges of each leaf's near neighbours, touching ones merged.
+
+    near: (nleaf, W) neighbour leaves (sentinel nleaf); src_start: (nleaf + 2,).
+    Returns s0, s1 (nleaf, W) int32: ranges [s0, s1) in ascending order, and
+    n (nleaf,) int32, how many are in use (the rest are empty). Neighbours
+    whose leaves are consecutive in Morton order hold consecutive sources, so
+    in 3D the 27 ranges of an interior leaf merge into 12-14 (fewer loop
+    steps, and fewer partly filled chunks at the ends of ranges).
+    """
+    nb = jnp.sort(near, axis=1)
+    s0, s1 = src_start[nb], src_start[nb + 1]
+    opens = jnp.concatenate([jnp.ones_like(s0[:, :1], bool), s0[:, 1:] != s1[:, :-1]], axis=1)
+    run = jnp.cumsum(opens, axis=1) - 1
+    rows = jnp.arange(nb.shape[0])[:, None]
+    m0 = jnp.zeros_like(s0).at[rows, run].max(jnp.where(opens, s0, 0))
+    m1 = jnp.zeros_like(s1).at[rows, run].max(s1)
+    return m0.astype(jnp.int32), m1.astype(jnp.int32), (run[:, -1] + 1).astype(jnp.int32)
+
+
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
                near, gradient: bool, tile: int = 64, batch: int | None = None):
     """Sum over the sources of each target leaf's near neighbours.
@@ -133,13 +153,13 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     y_pad = pad_rows(tgt_sorted, tile)
     x_pad = pad_rows(src_sorted, tile)
     q_pad = pad_rows(q_sorted, tile)
-    near = jnp.concatenate([near, jnp.full((1, near.shape[1]), near.shape[0], near.dtype)])
+    r0, r1, _ = source_ranges(near, src_start)
+    r0, r1 = pad_rows(r0, 1), pad_rows(r1, 1)          # the sentinel leaf: no sources
 
     def one_tile(args):
         lf, a, b = args
         yt = jax.lax.dynamic_slice_in_dim(y_pad, a, tile)
-        nb = near[lf]
-        s0, s1 = src_start[nb], src_start[nb + 1]
+        s0, s1 = r0[lf], r1[lf]
         chunks = (s1 - s0 + tile - 1) // tile
         cum = jnp.cumsum(chunks)
 

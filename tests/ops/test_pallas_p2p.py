@@ -48,6 +48,23 @@ def test_near_field_matches_jnp(n_src, n_tgt, crowded, k, gradient, dtype, rng):
     assert np.isfinite(got[0]).all()
 
 
+@pytest.mark.parametrize("dim,level", [(3, 2), (3, 3), (2, 4)])
+def test_source_ranges_cover_the_neighbours(dim, level, rng):
+    """Merged ranges hold exactly the sources of the neighbour leaves, once
+    each, with empty leaves (including whole empty runs) among them."""
+    near = np.asarray(lists.neighbors(level, dim))
+    nleaf = near.shape[0]
+    counts = rng.integers(0, 4, nleaf) * (rng.random(nleaf) < 0.7)
+    start = np.concatenate([[0], np.cumsum(counts), [counts.sum()]])
+    s0, s1, n = map(np.asarray, p2p.source_ranges(jnp.asarray(near), jnp.asarray(start)))
+    for leaf in range(nleaf):
+        want = sorted(i for j in near[leaf] for i in range(start[j], start[j + 1]))
+        got = sorted(i for a, b in zip(s0[leaf], s1[leaf]) for i in range(a, b))
+        assert got == want
+        assert (s0[leaf, n[leaf]:] == s1[leaf, n[leaf]:]).all()
+    assert n.max() < near.shape[1]
+
+
 def test_dense_matches_jnp(rng):
     x, y, q = rng.random((133, 3)), rng.random((70, 3)), rng.random((133, 1)) - 0.5
     x[0] = y[0]
@@ -115,3 +132,4 @@ def test_kernel_lowers_to_triton(kernel):
     q = jnp.zeros((64, 2), jnp.float32)
     f = jax.jit(lambda a, c: backend.dense(kernel, a, a, c, True, "pallas"))
     f.trace(x, q).lower(lowering_platforms=("cuda",))
+

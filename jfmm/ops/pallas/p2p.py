@@ -2,7 +2,7 @@
 
 Same signature and result as `jfmm.ops.p2p.near_field` (the specification).
 One program per leaf-aligned target tile: it holds its T targets in
-registers, walks the source ranges of the leaf's neighbours in chunks of S
+registers, walks the (merged) source ranges of the leaf's neighbours in chunks of S
 (a loop with a data-dependent trip count, so any occupancy works), and
 accumulates potential and gradient in (T, S) tiles that are reduced over
 sources once at the end (reducing in every step was 3-4x slower in a
@@ -30,19 +30,22 @@ from jfmm.ops.pallas import compiler_params
 class Blocks:
     """Tile sizes (powers of two): T targets per program, S sources per step.
 
-    16 x 16 with one warp was the fastest FMM near field of twelve shapes on
-    an H200 (docs/BENCHMARKS.md; 32 x 32 with 4 warps is 6% faster over all
-    pairs). A one-target-per-thread layout with sources unrolled as scalar
-    loads measured 1.3-2x slower and was dropped.
+    8 x 16 with one warp was the fastest of six shapes on an H200 both in
+    the FMM near field (N = 2^20: 2.42 ms at depth 5, 9.21 ms at depth 4,
+    against 2.68 and 10.35 for 16 x 16) and over all pairs (7.0e11 against
+    6.4e11 pairs/s; 4 x 32 reached 7.5e11 there but lost in the near field).
+    A one-target-per-thread layout with sources unrolled as scalar loads
+    measured 1.3-2x slower and was dropped (docs/BENCHMARKS.md).
     """
-    targets: int = 16
+    targets: int = 8
     sources: int = 16
     num_warps: int = 1
 
 
 def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
             dim: int, blocks: Blocks, gradient: bool):
-    """One target tile. meta row: [t0, t1, s0[0..width), s1[0..width)];
+    """One target tile. meta row: [t0, t1, n, s0[0..width), s1[0..width)]
+    (n ranges in use, see `jfmm.ops.p2p.source_ranges`);
     refs: the kernel's scalar parameters (each (1,)), then phi and grad."""
     *param_refs, phi_ref, grad_ref = refs
     kernel = jax.tree_util.tree_unflatten(treedef, [r[0] for r in param_refs])
@@ -74,12 +77,12 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
         return tuple(out)
 
     def neighbour(j, acc):
-        s0 = meta_ref[i, 2 + j]
-        s1 = meta_ref[i, 2 + width + j]
+        s0 = meta_ref[i, 3 + j]
+        s1 = meta_ref[i, 3 + width + j]
         n_chunks = (s1 - s0 + s_sz - 1) // s_sz
         return jax.lax.fori_loop(0, n_chunks, lambda c, a: chunk(s0 + c * s_sz, s1, a), acc)
 
-    acc = jax.lax.fori_loop(0, width, neighbour, init)
+    acc = jax.lax.fori_loop(0, meta_ref[i, 2], neighbour, init)
     for k in range(n_k):
         phi_ref[i, k, :] = jnp.sum(acc[k], axis=1)
         if gradient:
@@ -95,9 +98,8 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     t_sz, s_sz = blocks.targets, blocks.sources
     width = near.shape[1]
     leaf, t0, t1 = ref.leaf_tiles(tgt_start, m, t_sz)
-    near = jnp.concatenate([near, jnp.full((1, width), near.shape[0], near.dtype)])
-    nb = near[leaf]
-    meta = jnp.concatenate([t0[:, None], t1[:, None], src_start[nb], src_start[nb + 1]],
+    r0, r1, n = (ref.pad_rows(a, 1) for a in ref.source_ranges(near, src_start))
+    meta = jnp.concatenate([t0[:, None], t1[:, None], n[leaf, None], r0[leaf], r1[leaf]],
                            axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
     y = ref.pad_rows(tgt_sorted, t_sz).T
