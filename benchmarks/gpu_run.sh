@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. j)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. p; sessions 8-9 used e-i, k-p)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -37,9 +37,6 @@ case "$1" in
     $py benchmarks/bench_grad.py --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 2>&1 | tee "$out/grad_f64.md"
     ;;
   g)
-    for f in scan unrolled gathered; do
-      JFMM_M2L=$f $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 5 --direct-max 0 --leaf 32 2>&1 | tail -1 | sed "s/^/| $f /"
-    done | tee "$out/m2l.md"
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
     $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3.md"
     $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2.md"
@@ -91,6 +88,30 @@ case "$1" in
     export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
     timeout 560 $py benchmarks/bench_rbf.py --n 1048576 --repeats 3 --dim 3 --dtype float64 \
       --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
+    ;;
+  n)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    for cv in 268435456 1073741824 1099511627776; do
+      echo "## JFMM_CHUNK_VALUES=$cv"
+      JFMM_CHUNK_VALUES=$cv $py benchmarks/bench_rbf.py --n 1048576 --repeats 3 --dim 3 \
+        --dtype float64 --eps 1e-6 --kernels 1,6 2>&1 | tail -2
+      JFMM_CHUNK_VALUES=$cv $b --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 \
+        --direct-max 0 2>&1 | tail -1
+    done | tee "$out/chunk.md"
+    JFMM_CHUNK_VALUES=1073741824 $py benchmarks/bench_grad.py --n 1048576 --dtype float64 \
+      --eps 1e-10 --repeats 3 2>&1 | tee "$out/grad_f64.md"
+    ;;
+  o)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3.md"
+    $r --dim 3 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
+    $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2.md"
+    ;;
+  p)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $b --nmin 20 --nmax 24 --step 2 --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 \
+      | tee "$out/scaling.md"
     ;;
   c)
     $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 65536 2>&1 | tee "$out/f64_cube.md"

@@ -77,8 +77,12 @@ def _family_twin(family, p: int, mode: str):
 
 # The jnp P2M and L2P make K x P (or K x E x P) values per point; above this
 # many in all they run over chunks of points, so that memory stays O(N)
-# with a bounded constant (float64 at p = 36 and N = 2^20 held tens of GB).
-CHUNK_VALUES = 2 ** 28
+# with a bounded constant. Measured on an H200 at N = 2^20 (float64): 3D
+# Laplace at p = 36 took 221 ms unchunked (XLA temp estimate 30-61 GB with
+# gradients), 260 ms at 2^30 values (temp 15 GB), 295 ms at 2^28 (5 GB);
+# 3D Chebyshev at n = 10 took 119 ms at 2^30 or unchunked, 205 ms at 2^28.
+# JFMM_CHUNK_VALUES overrides it (benchmarks).
+CHUNK_VALUES = int(os.environ.get("JFMM_CHUNK_VALUES", 2 ** 30))
 
 
 def _chunk(n: int, per_point: int) -> int | None:
