@@ -132,4 +132,3 @@ def test_kernel_lowers_to_triton(kernel):
     q = jnp.zeros((64, 2), jnp.float32)
     f = jax.jit(lambda a, c: backend.dense(kernel, a, a, c, True, "pallas"))
     f.trace(x, q).lower(lowering_platforms=("cuda",))
-

@@ -2,12 +2,12 @@
 
 Same signature and result as `jfmm.ops.p2p.near_field` (the specification).
 One program per leaf-aligned target tile: it holds its T targets in
-registers, walks the (merged) source ranges of the leaf's neighbours in chunks of S
-(a loop with a data-dependent trip count, so any occupancy works), and
-accumulates potential and gradient in (T, S) tiles that are reduced over
-sources once at the end (reducing in every step was 3-4x slower in a
-measured all-pairs kernel). The kernel's jnp expression is traced into the
-program, so every radial kernel reuses it.
+registers, walks the merged source ranges of the leaf's neighbours
+(`jfmm.ops.p2p.source_ranges`) in chunks of S (a loop with a data-dependent
+trip count, so any occupancy works), and accumulates potential and gradient
+in (T, S) tiles that are reduced over sources once at the end (reducing in
+every step was 3-4x slower in a measured all-pairs kernel). The kernel's jnp
+expression is traced into the program, so every radial kernel reuses it.
 
 Arrays are passed whole (structure of arrays, padded by S so that no slice
 leaves its buffer); masks, not bounds checks, exclude padding.
