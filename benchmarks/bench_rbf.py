@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jfmm  # noqa: E402
+from accuracy_rbf import label  # noqa: E402
 from bench_laplace import median_time, rel  # noqa: E402
 from jfmm import kernels as K  # noqa: E402
 from jfmm.ops import translate  # noqa: E402
@@ -34,11 +35,6 @@ KERNELS = {2: [K.Laplace2D()], 3: [K.Laplace3D()]}
 COMMON = [K.Gaussian(1.0), K.Gaussian(10.0), K.Multiquadric(1.0), K.InverseMultiquadric(1.0),
           K.InverseQuadratic(1.0), K.ThinPlateSpline(), K.Linear(), K.Cubic(), K.Quintic(),
           K.Yukawa(2.0)]
-
-
-def label(k):
-    v = [f"{float(x):g}" for x in jax.tree_util.tree_leaves(k)]
-    return type(k).__name__ + (f"({v[0]})" if v else "")
 
 
 def main():

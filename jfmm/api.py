@@ -125,8 +125,7 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 
 # ------------------------------------------------------------------ fmm
 
-def _order(kernel, dim, eps, dtype, order, choice):
-    family = _fmm.family_for(kernel, dim, choice)
+def _order(family, eps, dtype, order):
     if order is None:
         return family.order(eps, dtype)
     if not isinstance(order, numbers.Integral) or not 1 <= order <= family.MAX_ORDER:
@@ -157,6 +156,18 @@ def _depth(n_src, n_tgt, dim, leaf_size, family, p):
     if leaf < 1:
         raise ValueError(f"leaf_size must be >= 1, got {leaf_size}")
     return _tree.choose_depth(max(n_src, n_tgt), dim, leaf)
+
+
+def _configure(sources, targets, kernel, eps, leaf_size, order, family):
+    """The static choices of `fmm` and `plan` for prepared points: eps (resolved),
+    the family choice and its family object, the order p and the tree depth."""
+    n_tgt = sources.shape[0] if targets is None else targets.shape[0]
+    eps = _resolve_eps(eps, sources.dtype)
+    family = _check_family(family)
+    fam = _fmm.family_for(kernel, sources.shape[1], family)
+    p = _order(fam, eps, sources.dtype, order)
+    depth = _depth(sources.shape[0], n_tgt, sources.shape[1], leaf_size, fam, p)
+    return eps, family, fam, p, depth
 
 
 def _near_only(kernel, sources, targets, eps, depth) -> bool:
@@ -214,13 +225,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     """
     _check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
-    dim = sources.shape[1]
-    n_tgt = sources.shape[0] if targets is None else targets.shape[0]
-    eps = _resolve_eps(eps, sources.dtype)
-    family = _check_family(family)
-    p = _order(kernel, dim, eps, sources.dtype, order, family)
-    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size,
-                   _fmm.family_for(kernel, dim, family), p)
+    eps, family, _, p, depth = _configure(sources, targets, kernel, eps, leaf_size, order,
+                                          family)
     if family == "auto" and _near_only(kernel, sources, targets, eps, depth):
         family = "near"
     phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient,
@@ -301,15 +307,10 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     _check_eps(eps)
     dummy = jnp.zeros(jnp.shape(sources)[:1])
     sources, _, targets, _ = _prepare(sources, dummy, targets, kernel)
-    dim = sources.shape[1]
-    n_tgt = sources.shape[0] if targets is None else targets.shape[0]
-    eps = _resolve_eps(eps, sources.dtype)
-    family = _check_family(family)
-    p = _order(kernel, dim, eps, sources.dtype, order, family)
-    fam = _fmm.family_for(kernel, dim, family)
-    depth = _depth(sources.shape[0], n_tgt, dim, leaf_size, fam, p)
+    eps, family, fam, p, depth = _configure(sources, targets, kernel, eps, leaf_size, order,
+                                            family)
     tree = _build_jit(sources, targets, depth)
     ops = None
     if depth >= 2:
-        ops = _fmm.operators(fam, p, dim, sources.dtype)
+        ops = _fmm.operators(fam, p, sources.shape[1], sources.dtype)
     return Plan(tree, kernel, ops, p, eps, family)

@@ -1,12 +1,13 @@
 """Pallas P2M and L2P kernels for the 3D Laplace family.
 
 Twins of the jnp leaf operators (`jfmm.ops.laplace3d.p2m` summed per leaf,
-and `laplace3d.l2p`; jfmm.ops.backend chooses between them). Both cut the Morton-sorted points into
-leaf-aligned tiles of T points (as the P2P kernel does), compute the regular
-harmonics of a tile in registers with the unrolled recurrences of
-`laplace3d.regular_stream`, and use each harmonic as it comes: P2M reduces
-q * Y over the tile into the tile's multipole (tiles of one leaf are then
-summed), L2P accumulates the leaf's local coefficients times Y per target.
+and `laplace3d.l2p`; jfmm.ops.backend chooses between them). Both cut the
+Morton-sorted points into leaf-aligned tiles of T points (as the P2P kernel
+does), compute the regular harmonics of a tile in registers with the
+unrolled recurrences of `laplace3d.regular_stream`, and use each harmonic as
+it comes: P2M reduces q * Y over the tile into the tile's multipole (tiles
+of one leaf are then summed), L2P accumulates the leaf's local coefficients
+times Y per target.
 Nothing of size N x p^2 is ever stored, which is what the jnp operators
 spend their time on.
 """
