@@ -76,10 +76,12 @@ class Kernel:
         k, dk = self.value_and_derivative(r)
         return k, dk / r
 
-    def pair(self, r2, gradient: bool):
+    def pair(self, r2, gradient: bool, differentiable: bool = True):
         """K(r) and, if gradient, K'(r) / r for any r^2 >= 0, always finite:
         at r = 0 the value is K(0) (0 for singular kernels) and the gradient
-        factor 0. The P2P inner loop; safe under autodiff (double where)."""
+        factor 0. The P2P inner loop; safe under autodiff (double where)
+        unless `differentiable` is False, which lets kernels drop selects
+        that only autodiff needs (the Pallas P2P, never differentiated)."""
         pos = r2 > 0
         k, g = self.from_r2(jnp.where(pos, r2, 1.0), gradient)
         k = jnp.where(pos, k, 0.0 if self.singular else self.at_zero(r2.dtype))
@@ -126,14 +128,21 @@ class Laplace3D(Kernel):
     def from_r2(self, r2, gradient: bool):
         # One rsqrt instead of two square roots and three divisions.
         inv = jax.lax.rsqrt(r2)
-        return inv, (-inv * inv * inv if gradient else None)
+        return inv, (_neg_cube(inv) if gradient else None)
 
-    def pair(self, r2, gradient: bool):
-        # Two selects per pair instead of three: the gradient factor comes
-        # from the already-zeroed 1/r.
+    def pair(self, r2, gradient: bool, differentiable: bool = True):
+        # The gradient factor comes from the already-zeroed 1/r. Outside
+        # autodiff rsqrt(0) = inf needs no guard: one select per pair.
         pos = r2 > 0
-        inv = jnp.where(pos, jax.lax.rsqrt(jnp.where(pos, r2, 1.0)), 0.0)
-        return inv, (-inv * inv * inv if gradient else None)
+        inv = jax.lax.rsqrt(jnp.where(pos, r2, 1.0) if differentiable else r2)
+        inv = jnp.where(pos, inv, 0.0)
+        return inv, (_neg_cube(inv) if gradient else None)
+
+
+def _neg_cube(v):
+    """-v^3 as a product with -1, which compilers fold into the multiply
+    (jax's negation lowers to 0 - x in Pallas, an extra instruction)."""
+    return v * v * (v * -1.0)
 
 
 @_shape

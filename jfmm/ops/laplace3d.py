@@ -142,15 +142,18 @@ def irregular(x, p: int):
     return _harmonics(x, p, irregular=True)
 
 
-def regular_stream(u0, u1, u2, p: int):
+def regular_stream(u0, u1, u2, p: int, fma=None):
     """Yield (flat index, Y) for the regular harmonics, n < p, real layout.
 
     Unrolled: the same recurrences as `regular`, column by column (order m,
     then degree n), so that only a few values are live at a time; consumers
     use each value as it comes (the Pallas P2M and L2P kernels). u0, u1, u2:
-    arrays of one shape; Y_0^0 comes as the Python float 1.0.
+    arrays of one shape; Y_0^0 comes as the Python float 1.0. fma(a, b, c)
+    computes a * b + c (Pallas kernels pass one that rounds once).
     """
-    r2 = u0 * u0 + u1 * u1 + u2 * u2
+    fma = fma or (lambda a, b, c: a * b + c)
+    r2 = fma(u2, u2, fma(u1, u1, u0 * u0))
+    neg_u0 = -u0
     d_re, d_im = 1.0, None                      # Y_m^m; None stands for 0
     for m in range(p):
         if m:                                   # Y_m^m = (u1 - i u0) / (2m) Y_{m-1}^{m-1}
@@ -158,14 +161,14 @@ def regular_stream(u0, u1, u2, p: int):
             if d_im is None:
                 d_re, d_im = (s * d_re) * u1, (-s * d_re) * u0
             else:
-                d_re, d_im = s * (u1 * d_re + u0 * d_im), s * (u1 * d_im - u0 * d_re)
+                d_re, d_im = s * fma(u1, d_re, u0 * d_im), s * fma(u1, d_im, neg_u0 * d_re)
         cur, prev = (d_re, d_im), (None, None)
         for n in range(m, p):
             if n > m:                           # three-term recurrence in n
                 a = (2 * n - 1) / ((n + m) * (n - m))
                 b = 1.0 / ((n + m) * (n - m))
                 nxt = tuple(None if c is None else
-                            (a * u2 * c if q is None else a * u2 * c - b * r2 * q)
+                            (a * u2 * c if q is None else fma(a * u2, c, (-b * r2) * q))
                             for c, q in zip(cur, prev))
                 cur, prev = nxt, cur
             yield _index(n, m, 0), cur[0]

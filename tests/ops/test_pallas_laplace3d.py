@@ -49,15 +49,19 @@ def test_p2m_l2p_match_jnp(kind, n_src, n_tgt, k, p, gradient, dtype, rng):
         assert got[1] is None
 
 
-def test_p2m_l2p_lower_to_triton():
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_p2m_l2p_lower_to_triton(dtype):
     """The Pallas P2M and L2P lower for the cuda platform (checked on the CPU)."""
     p = 6
-    t = build(jnp.zeros((64, 3), jnp.float32) + jnp.linspace(0, 1, 64)[:, None], None, 2)
-    u = jnp.zeros((64, 3), jnp.float32)
-    q = jnp.zeros((64, 1), jnp.float32)
-    coef = jnp.zeros((t.n_leaves, 1, 4, p * p), jnp.float32)
-    up = jax.jit(lambda a, c: backend.p2m(L, a, c, t.src_start, t.src_leaf, p, "pallas"))
-    up.trace(u, q).lower(lowering_platforms=("cuda",))
-    ev = jax.jit(lambda a, c: backend.l2p(L, a, c, t.tgt_start, t.tgt_leaf, 0.25, p,
-                                          True, "pallas"))
-    ev.trace(u, coef).lower(lowering_platforms=("cuda",))
+    with jax.enable_x64(dtype == "float64"):
+        t = build(jnp.zeros((64, 3), dtype) + jnp.linspace(0, 1, 64, dtype=dtype)[:, None],
+                  None, 2)
+        u = jnp.zeros((64, 3), dtype)
+        q = jnp.zeros((64, 1), dtype)
+        coef = jnp.zeros((t.n_leaves, 1, 4, p * p), dtype)
+        up = jax.jit(lambda a, c: backend.p2m(L, a, c, t.src_start, t.src_leaf, p, "pallas"))
+        up.trace(u, q).lower(lowering_platforms=("cuda",))
+        ev = jax.jit(lambda a, c: backend.l2p(L, a, c, t.tgt_start, t.tgt_leaf, 0.25, p,
+                                              True, "pallas"))
+        text = ev.trace(u, coef).lower(lowering_platforms=("cuda",)).as_text()
+        assert ("fma.rn.f64" if dtype == "float64" else "fma.rn.f32") in text

@@ -132,3 +132,15 @@ def test_kernel_lowers_to_triton(kernel):
     q = jnp.zeros((64, 2), jnp.float32)
     f = jax.jit(lambda a, c: backend.dense(kernel, a, a, c, True, "pallas"))
     f.trace(x, q).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("kernel", [kernels.Laplace3D(), kernels.Gaussian(1.0)],
+                         ids=lambda k: type(k).__name__)
+def test_kernel_lowers_to_triton_in_float64(kernel):
+    """float64 P2P lowers too (its products are PTX fma.rn.f64)."""
+    with jax.enable_x64(True):
+        x = jnp.zeros((64, 3), jnp.float64)
+        q = jnp.zeros((64, 1), jnp.float64)
+        f = jax.jit(lambda a, c: backend.dense(kernel, a, a, c, True, "pallas"))
+        assert "fma.rn.f64" in f.trace(x, q).lower(lowering_platforms=("cuda",)).as_text()
+

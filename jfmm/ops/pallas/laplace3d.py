@@ -20,13 +20,14 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jfmm.ops import laplace3d, p2p
-from jfmm.ops.pallas import compiler_params
+from jfmm.ops.pallas import compiler_params, fma
 
 TILE = 32       # points per program
 NUM_WARPS = 1   # one warp: the P2M reductions stay within it (shuffles only)
 
 
-def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int):
+def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int,
+                interpret: bool):
     """One tile: out[i, k * P + j] = sum_t q_k(t) conj(Y_j(u_t))."""
     i = pl.program_id(0)
     t0, t1 = meta_ref[i, 0], meta_ref[i, 1]
@@ -34,7 +35,7 @@ def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int)
     u = [u_ref[a, pl.ds(t0, tile)] for a in range(3)]
     q = [jnp.where(live, q_ref[k, pl.ds(t0, tile)], 0) for k in range(n_k)]
     sign = laplace3d._conj_sign(p)
-    for j, y in laplace3d.regular_stream(*u, p):
+    for j, y in laplace3d.regular_stream(*u, p, functools.partial(fma, interpret=interpret)):
         for k in range(n_k):
             out_ref[i, k * p * p + j] = float(sign[j]) * jnp.sum(q[k] * y)
 
@@ -50,7 +51,7 @@ def p2m(u, q, start, p: int, interpret: bool = False):
     leaf, t0, t1 = p2p.leaf_tiles(start, n, TILE)
     meta = jnp.stack([t0, t1], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
-    body = functools.partial(_p2m_kernel, p=p, n_k=n_k, tile=TILE)
+    body = functools.partial(_p2m_kernel, p=p, n_k=n_k, tile=TILE, interpret=interpret)
     per_tile = pl.pallas_call(
         body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_k * p * p), u.dtype), grid=(n_tiles,),
         interpret=interpret, compiler_params=compiler_params(NUM_WARPS, interpret),
@@ -59,15 +60,17 @@ def p2m(u, q, start, p: int, interpret: bool = False):
     return out[:n_leaves].reshape(n_leaves, n_k, p * p)
 
 
-def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_out: int, tile: int):
+def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_out: int, tile: int,
+                interpret: bool):
     """One tile: out[i, o, t] = sum_j c[leaf, o * P + j] Y_j(u_t)."""
     i = pl.program_id(0)
     t0, leaf = meta_ref[i, 0], meta_ref[i, 1]
     u = [u_ref[a, pl.ds(t0, tile)] for a in range(3)]
     acc = [jnp.zeros((tile,), u[0].dtype) for _ in range(n_out)]
-    for j, y in laplace3d.regular_stream(*u, p):
+    mad = functools.partial(fma, interpret=interpret)
+    for j, y in laplace3d.regular_stream(*u, p, mad):
         for o in range(n_out):
-            acc[o] = acc[o] + c_ref[leaf, o * p * p + j] * y
+            acc[o] = mad(c_ref[leaf, o * p * p + j], y, acc[o])
     for o in range(n_out):
         out_ref[i, o, :] = acc[o]
 
@@ -87,7 +90,7 @@ def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False):
     c = (coef * jnp.asarray(laplace3d._pair_weight(p), coef.dtype)).reshape(n_leaves, -1)
     c = jnp.concatenate([c, jnp.zeros((1, c.shape[1]), c.dtype)])   # sentinel leaf
     n_out = n_k * n_e
-    body = functools.partial(_l2p_kernel, p=p, n_out=n_out, tile=TILE)
+    body = functools.partial(_l2p_kernel, p=p, n_out=n_out, tile=TILE, interpret=interpret)
     out = pl.pallas_call(
         body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_out, TILE), u.dtype), grid=(n_tiles,),
         interpret=interpret, compiler_params=compiler_params(NUM_WARPS, interpret),

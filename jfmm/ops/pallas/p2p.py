@@ -6,7 +6,9 @@ registers, walks the merged source ranges of the leaf's neighbours
 (`jfmm.ops.p2p.source_ranges`) in chunks of S (a loop with a data-dependent
 trip count, so any occupancy works), and accumulates potential and gradient
 in (T, S) tiles that are reduced over sources once at the end (reducing in
-every step was 3-4x slower in a measured all-pairs kernel). The kernel's jnp
+every step was 3-4x slower in a measured all-pairs kernel). Sums of
+products are PTX fma (`jfmm.ops.pallas.fma`): 1.2-1.3x more pairs per
+second than the product-then-sum that XLA otherwise emits. The kernel's jnp
 expression is traced into the program, so every radial kernel reuses it.
 
 Arrays are passed whole (structure of arrays, padded by S so that no slice
@@ -23,27 +25,32 @@ from jax.experimental import pallas as pl
 
 from jfmm.kernels import Kernel
 from jfmm.ops import p2p as ref
-from jfmm.ops.pallas import compiler_params
+from jfmm.ops.pallas import compiler_params, fma as _fma
 
 
 @dataclasses.dataclass(frozen=True)
 class Blocks:
-    """Tile sizes (powers of two): T targets per program, S sources per step.
+    """Tile sizes (powers of two): T targets per program, S sources per step;
+    fma: products summed with PTX fma (one instruction, one rounding) rather
+    than a product and a sum (XLA compiles Pallas kernels without
+    contraction; False is kept for benchmarks).
 
-    8 x 16 with one warp was the fastest of six shapes on an H200 both in
-    the FMM near field (N = 2^20: 2.42 ms at depth 5, 9.21 ms at depth 4,
-    against 2.68 and 10.35 for 16 x 16) and over all pairs (7.0e11 against
-    6.4e11 pairs/s; 4 x 32 reached 7.5e11 there but lost in the near field).
-    A one-target-per-thread layout with sources unrolled as scalar loads
-    measured 1.3-2x slower and was dropped (docs/BENCHMARKS.md).
+    8 x 16 with one warp is among the fastest at the FMM's default depth on
+    an H200 (N = 2^20, depth 5: 1.9-2.2 ms, as is 16 x 16; 8 x 32 2.0-2.8,
+    32 x 32 with 4 warps 2.6-3.2), within 15% of the best at depth 4 and
+    over all pairs (0.86-1.0e12 pairs/s; 8 x 32 0.99-1.04e12). Run-to-run
+    spread on the device is about 10%; docs/BENCHMARKS.md has the tables. A
+    one-target-per-thread layout measured slower, and prefetching the next
+    chunk's sources before the current chunk's arithmetic no faster.
     """
     targets: int = 8
     sources: int = 16
     num_warps: int = 1
+    fma: bool = True
 
 
 def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
-            dim: int, blocks: Blocks, gradient: bool):
+            dim: int, blocks: Blocks, gradient: bool, interpret: bool):
     """One target tile. meta row: [t0, t1, n, s0[0..width), s1[0..width)]
     (n ranges in use, see `jfmm.ops.p2p.source_ranges`);
     refs: the kernel's scalar parameters (each (1,)), then phi and grad."""
@@ -57,6 +64,9 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
     zeros = jnp.zeros((t_sz, s_sz), dt)
     init = tuple([zeros] * (n_k * (1 + (dim if gradient else 0))))
 
+    def fma(a, b, c):
+        return _fma(a, b, c, interpret) if blocks.fma else a * b + c
+
     def chunk(start, end, acc):
         xs = [x_ref[a, pl.ds(start, s_sz)] for a in range(dim)]
         # Sources past `end` belong to the next leaf or to padding: their
@@ -65,15 +75,17 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
         live = (start + jax.lax.broadcasted_iota(jnp.int32, (s_sz,), 0)) < end
         qs = [jnp.where(live, q_ref[k, pl.ds(start, s_sz)], 0) for k in range(n_k)]
         diff = [y[a][:, None] - xs[a][None, :] for a in range(dim)]
-        r2 = sum(d * d for d in diff)
-        kv, g = kernel.pair(r2, gradient)
+        r2 = diff[0] * diff[0]
+        for d in diff[1:]:
+            r2 = fma(d, d, r2)
+        kv, g = kernel.pair(r2, gradient, differentiable=False)
         out = list(acc)
         for k in range(n_k):
-            out[k] = out[k] + kv * qs[k][None, :]
+            out[k] = fma(kv, qs[k][None, :], out[k])
             if gradient:
                 gq = g * qs[k][None, :]
                 for a in range(dim):
-                    out[n_k + k * dim + a] = out[n_k + k * dim + a] + gq * diff[a]
+                    out[n_k + k * dim + a] = fma(gq, diff[a], out[n_k + k * dim + a])
         return tuple(out)
 
     def neighbour(j, acc):
@@ -114,7 +126,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
         raise NotImplementedError("the Pallas P2P kernel takes scalar kernel parameters only")
     params = [jnp.reshape(jnp.asarray(leaf, dt), (1,)) for leaf in leaves]
     body = functools.partial(_kernel, treedef=treedef, width=width, n_k=n_k, dim=dim,
-                             blocks=blocks, gradient=gradient)
+                             blocks=blocks, gradient=gradient, interpret=interpret)
     phi_t, grad_t = pl.pallas_call(
         body, out_shape=out_shape, grid=(n_tiles,), interpret=interpret,
         compiler_params=compiler_params(blocks.num_warps, interpret))(meta, y, x, q, *params)
