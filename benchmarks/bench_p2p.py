@@ -33,7 +33,7 @@ K = kernels.Laplace3D()
 
 
 def label(b):
-    return f"{b.targets} x {b.sources}, {b.num_warps}"
+    return f"{b.targets} x {b.sources}, {b.num_warps}" + ("" if b.fma else ", no fma")
 
 
 def ref_phi(x, q, y):
@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--parts", default="all,near,fmm", help="sections to run")
     ap.add_argument("--depths", default="4,5", help="tree depths of the near-field section")
     ap.add_argument("--blocks", default="16,16,1;32,32,4;16,32,2;32,16,2",
-                    help="Pallas tiles 'T,S,warps;...'")
+                    help="Pallas tiles 'T,S,warps[,fma 0/1];...'")
     args = ap.parse_args()
     parts = args.parts.split(",")
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. p; sessions 8-9 used e-i, k-p)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. s; sessions 8-10 used e-i, k-s)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -112,6 +112,39 @@ case "$1" in
     export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
     $b --nmin 20 --nmax 24 --step 2 --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 \
       | tee "$out/scaling.md"
+    ;;
+  q)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $py benchmarks/bench_p2p.py --parts all,near,fmm --depths 4,5 \
+      --blocks "8,16,1;16,16,1;8,32,1;16,32,1;4,32,1;32,32,4" 2>&1 | tee "$out/p2p.md"
+    pk="$py benchmarks/bench_peers.py --n 1048576 --jaxfmm-path peers/jaxfmm"
+    $pk --eps 1e-5,1e-3 --tols 5e-3,2e-3 2>&1 | tee "$out/peers_f32.md"
+    $pk --x64 --eps 1e-10,1e-6 --tols 1e-6 --repeats 3 2>&1 | tee "$out/peers_f64.md"
+    ;;
+  r)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $py benchmarks/peak_probe.py 2>&1 | tee "$out/peak.md"
+    $py benchmarks/bench_p2p.py --parts all,near,fmm --depths 4,5 \
+      --blocks "8,16,1;8,16,1,0;8,32,1;16,16,1;4,32,1;32,32,4" 2>&1 | tee "$out/p2p.md"
+    $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 5 --direct-max 0 2>&1 | tee "$out/f32_cube.md"
+    $b --nmin 14 --nmax 20 --step 2 --dtype float32 --eps 1e-5 --repeats 3 \
+      --direct-max 1048576 2>&1 | tail -4 | tee -a "$out/f32_cube.md"
+    $b --nmin 22 --nmax 24 --step 2 --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 \
+      | tail -2 | tee -a "$out/f32_cube.md"
+    $b --n 1048576 --dist sphere --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 \
+      | tail -1 | tee -a "$out/f32_cube.md"
+    $py benchmarks/bench_grad.py --n 1048576 --dtype float32 --eps 1e-5 2>&1 | tee "$out/grad_f32.md"
+    ;;
+  s)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $b --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 0 2>&1 | tee "$out/f64.md"
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3.md"
+    $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2.md"
+    ;;
+  t)
+    $py benchmarks/bench_peers.py --n 1048576 --jaxfmm-path peers/jaxfmm --eps 1e-5,1e-3 \
+      --tols 5e-3,2e-3 2>&1 | tee "$out/peers_f32.md"
     ;;
   c)
     $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 65536 2>&1 | tee "$out/f64_cube.md"
