@@ -46,22 +46,25 @@ def main():
     ap.add_argument("--depths", default="4,5", help="tree depths of the near-field section")
     ap.add_argument("--blocks", default="16,16,1;32,32,4;16,32,2;32,16,2",
                     help="Pallas tiles 'T,S,warps[,fma 0/1];...'")
+    ap.add_argument("--all-n", default="16", help="log2 N of the all-pairs section, comma-separated")
     args = ap.parse_args()
     parts = args.parts.split(",")
     rng = np.random.default_rng(0)
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}")
     blocks = [pallas_p2p.Blocks(*map(int, b.split(","))) for b in args.blocks.split(";")]
     if "all" in parts:
-        all_pairs(blocks, rng)
+        all_pairs(blocks, [2 ** int(e) for e in args.all_n.split(",")], rng)
+    if not {"near", "fmm"} & set(parts):
+        return
     x, q, best = near(blocks, [int(d) for d in args.depths.split(",")], rng)
     if "fmm" in parts:
         whole(x, q, best or blocks[0], rng)
 
 
-def all_pairs(blocks, rng):
+def all_pairs(blocks, sizes, rng):
     print("\n## all pairs, float32, potential + gradient\n")
     print("| N | path | tiles T x S, warps | ms | pairs/s | err phi |\n|---|---|---|---|---|---|")
-    for n in (2 ** 16,):
+    for n in sizes:
         x = rng.random((n, 3)).astype(np.float32)
         q = (rng.random((n, 1)) - 0.5).astype(np.float32)
         xd, qd = jnp.asarray(x), jnp.asarray(q)
@@ -72,7 +75,7 @@ def all_pairs(blocks, rng):
             f = jax.jit(lambda a, c, b=b: pallas_p2p.near_field(
                 K, a, t_start, a, c, t_start, jnp.zeros((1, 1), jnp.int32), True, blocks=b))
             try:
-                t = median_time(f, xd, qd, repeats=5)
+                t = median_time(f, xd, qd, repeats=5 if n <= 2 ** 18 else 3)
             except Exception as e:  # report and go on: one run must give every number it can
                 print(f"| {n:,} | pallas | {b} | failed: {str(e).splitlines()[0][:200]} |")
                 continue

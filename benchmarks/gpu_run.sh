@@ -142,6 +142,11 @@ case "$1" in
     $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3.md"
     $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2.md"
     ;;
+  u)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $py benchmarks/bench_p2p.py --parts all --all-n 16,20 \
+      --blocks "8,16,1;8,32,1;16,32,1;32,32,4;16,64,4;32,64,4" 2>&1 | tee "$out/p2p_all.md"
+    ;;
   t)
     $py benchmarks/bench_peers.py --n 1048576 --jaxfmm-path peers/jaxfmm --eps 1e-5,1e-3 \
       --tols 5e-3,2e-3 2>&1 | tee "$out/peers_f32.md"

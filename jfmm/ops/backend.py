@@ -27,16 +27,21 @@ _PALLAS_FAMILIES = {laplace3d: pallas_laplace3d}
 PALLAS_MAX_ORDER = int(os.environ.get("JFMM_PALLAS_MAX_ORDER", 16))
 _mode = os.environ.get("JFMM_BACKEND", "auto")
 _blocks = pallas_p2p.Blocks()
+# All pairs (jfmm.direct): one long source range per tile, where 8 x 32 tiles
+# beat the near field's 8 x 16 (H200, N = 2^20: 1.27e12 against 1.18e12
+# pairs/s; docs/BENCHMARKS.md, session 10).
+_dense_blocks = pallas_p2p.Blocks(8, 32)
 
 
 def set_backend(mode: str, blocks: pallas_p2p.Blocks | None = None) -> None:
-    """Choose the backend (see module docstring) and, optionally, tile sizes."""
-    global _mode, _blocks
+    """Choose the backend (see module docstring) and, optionally, the tile
+    sizes of the Pallas P2P (near field and all pairs alike)."""
+    global _mode, _blocks, _dense_blocks
     if mode not in MODES:
         raise ValueError(f"backend must be one of {MODES}, got {mode!r}")
     _mode = mode
     if blocks is not None:
-        _blocks = blocks
+        _blocks = _dense_blocks = blocks
 
 
 def current() -> str:
@@ -47,13 +52,13 @@ def current() -> str:
 
 
 def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
-               gradient: bool, mode: str):
+               gradient: bool, mode: str, blocks: pallas_p2p.Blocks | None = None):
     """`jfmm.ops.p2p.near_field` on backend `mode` (see `current`)."""
     if mode == "jnp":
         return p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
                               src_start, near, gradient)
     return pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
-                                 src_start, near, gradient, blocks=_blocks,
+                                 src_start, near, gradient, blocks=blocks or _blocks,
                                  interpret=mode == "interpret")
 
 
@@ -66,7 +71,7 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
     t_start = jnp.array([0, m, m], jnp.int32)
     s_start = jnp.array([0, n, n], jnp.int32)
     return near_field(kernel, targets, t_start, sources, charges, s_start,
-                      jnp.zeros((1, 1), jnp.int32), gradient, mode)
+                      jnp.zeros((1, 1), jnp.int32), gradient, mode, _dense_blocks)
 
 
 def _family_twin(family, p: int, mode: str):
