@@ -1,4 +1,6 @@
 """Pallas kernels, each with the signature of the jnp operator it accelerates."""
+import jax
+import jax.numpy as jnp
 
 
 def compiler_params(num_warps: int, interpret: bool):
@@ -21,8 +23,6 @@ def fma(a, b, c, interpret: bool):
     reached 2.8e13 flop/s on an H200, 42% of the float32 peak); PTX's fma is
     one. In interpret mode (CPU) it is the plain expression. Python scalars
     and arrays broadcast as in a * b + c."""
-    import jax
-    import jax.numpy as jnp
     if interpret:
         return a * b + c
     dt = jnp.result_type(a, b, c)

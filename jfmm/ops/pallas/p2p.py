@@ -37,8 +37,9 @@ class Blocks:
 
     8 x 16 with one warp is among the fastest at the FMM's default depth on
     an H200 (N = 2^20, depth 5: 1.9-2.2 ms, as is 16 x 16; 8 x 32 2.0-2.8,
-    32 x 32 with 4 warps 2.6-3.2), within 15% of the best at depth 4 and
-    over all pairs (0.86-1.0e12 pairs/s; 8 x 32 0.99-1.04e12). Run-to-run
+    32 x 32 with 4 warps 2.6-3.2) and within 15% of the best at depth 4.
+    Over all pairs 8 x 32 is faster (N = 2^20: 1.27e12 against 1.18e12
+    pairs/s), and `jfmm.direct` uses it (`jfmm.ops.backend`). Run-to-run
     spread on the device is about 10%; docs/BENCHMARKS.md has the tables. A
     one-target-per-thread layout measured slower, and prefetching the next
     chunk's sources before the current chunk's arithmetic no faster.
