@@ -35,14 +35,14 @@ def _check(kernel, dim, kind, separate, eps, rng, n=900):
 SETUPS = [("cube", False), ("cluster", True), ("sphere", True), ("cluster", False)]
 
 
-@pytest.mark.parametrize("i,kernel", enumerate(CASES + [K.Laplace2D()]),
+@pytest.mark.parametrize("i,kernel", list(enumerate(CASES + [K.Laplace2D()])),
                          ids=lambda v: type(v).__name__ if isinstance(v, K.Kernel) else "")
 def test_every_kernel_2d(i, kernel, rng):
     kind, separate = SETUPS[i % 4]
     _check(kernel, 2, kind, separate, 1e-8 if i % 2 else 1e-5, rng)
 
 
-@pytest.mark.parametrize("i,kernel", enumerate(CASES),
+@pytest.mark.parametrize("i,kernel", list(enumerate(CASES)),
                          ids=lambda v: type(v).__name__ if isinstance(v, K.Kernel) else "")
 def test_every_kernel_3d(i, kernel, rng):
     kind, separate = SETUPS[(i + 1) % 4]
