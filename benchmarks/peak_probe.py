@@ -10,17 +10,15 @@ check of whether the compiler contracts a * x + b into one instruction.
 """
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from jfmm.ops.pallas import fma  # noqa: E402
+from bench_laplace import median_time  # noqa: E402
+from jfmm.ops.pallas import compiler_params, fma  # noqa: E402
 
 
 def probe(t, s, warps, use_fma, steps=2048, n_acc=8, progs=132 * 64):
@@ -39,14 +37,8 @@ def probe(t, s, warps, use_fma, steps=2048, n_acc=8, progs=132 * 64):
     a = jnp.full((t, s), 0.999, jnp.float32)
     f = jax.jit(lambda a: pl.pallas_call(
         kern, out_shape=jax.ShapeDtypeStruct((progs, t, s), jnp.float32), grid=(progs,),
-        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1))(a))
-    jax.block_until_ready(f(a))
-    ts = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a))
-        ts.append(time.perf_counter() - t0)
-    sec = float(np.median(ts))
+        compiler_params=compiler_params(warps, False))(a))
+    sec = median_time(f, a, repeats=5)
     return 2.0 * progs * t * s * steps * n_acc / sec
 
 

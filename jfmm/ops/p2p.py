@@ -122,8 +122,9 @@ def source_ranges(near, src_start):
     """Source ranges of each leaf's near neighbours, touching ones merged.
 
     near: (nleaf, W) neighbour leaves (sentinel nleaf); src_start: (nleaf + 2,).
-    Returns s0, s1 (nleaf, W) int32: ranges [s0, s1) in ascending order, and
-    n (nleaf,) int32, how many are in use (the rest are empty). Neighbours
+    Returns s0, s1 (nleaf + 1, W) int32: ranges [s0, s1) in ascending order,
+    and n (nleaf + 1,) int32, how many are in use (the rest are empty); the
+    last row, for the sentinel leaf of padded target tiles, is empty. Neighbours
     whose leaves are consecutive in Morton order hold consecutive sources, so
     in 3D the 27 ranges of an interior leaf merge into 12-14 (fewer loop
     steps, and fewer partly filled chunks at the ends of ranges).
@@ -135,7 +136,8 @@ def source_ranges(near, src_start):
     rows = jnp.arange(nb.shape[0])[:, None]
     m0 = jnp.zeros_like(s0).at[rows, run].max(jnp.where(opens, s0, 0))
     m1 = jnp.zeros_like(s1).at[rows, run].max(s1)
-    return m0.astype(jnp.int32), m1.astype(jnp.int32), (run[:, -1] + 1).astype(jnp.int32)
+    n = run[:, -1] + 1
+    return tuple(pad_rows(a.astype(jnp.int32), 1) for a in (m0, m1, n))
 
 
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
@@ -154,7 +156,6 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     x_pad = pad_rows(src_sorted, tile)
     q_pad = pad_rows(q_sorted, tile)
     r0, r1, _ = source_ranges(near, src_start)
-    r0, r1 = pad_rows(r0, 1), pad_rows(r1, 1)          # the sentinel leaf: no sources
 
     def one_tile(args):
         lf, a, b = args

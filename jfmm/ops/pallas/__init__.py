@@ -30,7 +30,7 @@ def fma(a, b, c, interpret: bool):
     if dt.name not in _FMA:
         return a * b + c
     from jax.experimental.pallas import triton as plgpu
-    asm, constraints = _FMA[a.dtype.name]
+    asm, constraints = _FMA[dt.name]
     return plgpu.elementwise_inline_asm(
         asm, args=[a, b, c], constraints=constraints, pack=1,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, a.dtype)])[0]
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, dt)])[0]

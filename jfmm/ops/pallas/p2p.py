@@ -111,7 +111,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     t_sz, s_sz = blocks.targets, blocks.sources
     width = near.shape[1]
     leaf, t0, t1 = ref.leaf_tiles(tgt_start, m, t_sz)
-    r0, r1, n = (ref.pad_rows(a, 1) for a in ref.source_ranges(near, src_start))
+    r0, r1, n = ref.source_ranges(near, src_start)
     meta = jnp.concatenate([t0[:, None], t1[:, None], n[leaf, None], r0[leaf], r1[leaf]],
                            axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
