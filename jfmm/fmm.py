@@ -63,12 +63,13 @@ def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp"):
     return mult
 
 
-def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int):
+def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int,
+             mode: str = "jnp"):
     """Local expansions of the leaves: (n_leaves, K, P)."""
     loc = None
     for level in range(2, tree.depth + 1):
         mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
-        far = translate.m2l(mult[level], level, mats, tree.dim)
+        far = backend.m2l(mult[level], level, mats, tree.dim, mode)
         loc = far if loc is None else translate.l2l(loc, ops.l2l) + far
     return loc
 
@@ -80,7 +81,7 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
     charges: (N, K) in the caller's source order; family: the expansion
     family (see jfmm.ops) with its operators `ops` at order p, unused when
     the tree is shallower than 2 or family is None (near field only);
-    mode: the near-field backend (jfmm.ops.backend).
+    mode: the backend of the near field, P2M, M2L and L2P (jfmm.ops.backend).
     """
     q_sorted = charges[tree.src_perm]
     near = lists.neighbors(tree.depth, tree.dim)
@@ -88,7 +89,7 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
                                    q_sorted, tree.src_start, near, gradient, mode)
     if tree.depth >= 2 and family is not None:
         mult = upward(tree, q_sorted, family, ops, p, mode)
-        loc = downward(tree, mult, family, ops, kernel, p)
+        loc = downward(tree, mult, family, ops, kernel, p, mode)
         h = tree.box_side(tree.depth)
         u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
         coef = family.l2p_coefficients(loc, p, gradient)

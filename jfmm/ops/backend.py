@@ -14,8 +14,9 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jfmm.ops import laplace3d, p2p
+from jfmm.ops import laplace3d, p2p, translate
 from jfmm.ops.pallas import laplace3d as pallas_laplace3d
+from jfmm.ops.pallas import m2l as pallas_m2l
 from jfmm.ops.pallas import p2p as pallas_p2p
 
 MODES = ("auto", "jnp", "pallas", "interpret")
@@ -31,17 +32,33 @@ _blocks = pallas_p2p.Blocks()
 # beat the near field's 8 x 16 (H200, N = 2^20: 1.27e12 against 1.18e12
 # pairs/s; docs/BENCHMARKS.md, session 10).
 _dense_blocks = pallas_p2p.Blocks(8, 32)
+# The M2L of the Pallas backends: "bf16x6" (the jnp operator with its
+# float32 products as six bfloat16 products on tensor cores), "float32" (the
+# jnp operator as on the CPU) or Pallas M2L tiles.
+M2L_CHOICES = ("bf16x6", "float32")
+_m2l: str | pallas_m2l.Tiles = "bf16x6"
 
 
-def set_backend(mode: str, blocks: pallas_p2p.Blocks | None = None) -> None:
+def set_backend(mode: str, blocks: pallas_p2p.Blocks | None = None,
+                m2l: pallas_m2l.Tiles | str | None = None) -> None:
     """Choose the backend (see module docstring) and, optionally, the tile
-    sizes of the Pallas P2P (near field and all pairs alike)."""
-    global _mode, _blocks, _dense_blocks
+    sizes of the Pallas P2P (near field and all pairs alike) and the M2L
+    of the Pallas backends (one of M2L_CHOICES or Pallas M2L tiles)."""
+    global _mode, _blocks, _dense_blocks, _m2l
     if mode not in MODES:
         raise ValueError(f"backend must be one of {MODES}, got {mode!r}")
     _mode = mode
     if blocks is not None:
         _blocks = _dense_blocks = blocks
+    if m2l is not None:
+        if not isinstance(m2l, pallas_m2l.Tiles) and m2l not in M2L_CHOICES:
+            raise ValueError(f"m2l must be one of {M2L_CHOICES} or Tiles, got {m2l!r}")
+        _m2l = m2l
+
+
+def m2l_choice() -> str | pallas_m2l.Tiles:
+    """The M2L of the Pallas backends (see `set_backend`)."""
+    return _m2l
 
 
 def current() -> str:
@@ -72,6 +89,13 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
     s_start = jnp.array([0, n, n], jnp.int32)
     return near_field(kernel, targets, t_start, sources, charges, s_start,
                       jnp.zeros((1, 1), jnp.int32), gradient, mode, _dense_blocks)
+
+
+def m2l(mult, level: int, mats, dim: int, mode: str):
+    """`jfmm.ops.translate.m2l` on backend `mode`."""
+    if mode == "jnp" or _m2l in M2L_CHOICES:
+        return translate.m2l(mult, level, mats, dim, bf16x6=mode != "jnp" and _m2l == "bf16x6")
+    return pallas_m2l.m2l(mult, level, mats, dim, _m2l, interpret=mode == "interpret")
 
 
 def _family_twin(family, p: int, mode: str):

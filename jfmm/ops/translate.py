@@ -33,13 +33,52 @@ def l2l(parent, mats):
     return out.reshape((-1,) + out.shape[2:])
 
 
+def bf16_split(x, pieces: int = 3):
+    """float32 x as bfloat16 pieces [h1, h2, ...] with h1 + h2 + ... = x:
+    each piece is the leading 8 significant bits of what the previous ones
+    leave (three hold all 24), cut by masking the bits rather than by
+    rounding through bfloat16: XLA removes float32 -> bfloat16 -> float32
+    round trips (excess precision), which made a rounding split return
+    bf16(x) and nothing else on the GPU (M2L error 3e-3)."""
+    out, rest = [], x
+    for _ in range(pieces):
+        bits = jax.lax.bitcast_convert_type(rest, jnp.uint32) & jnp.uint32(0xFFFF0000)
+        h = jax.lax.bitcast_convert_type(bits, jnp.float32)
+        out.append(h.astype(jnp.bfloat16))          # exact: h has 8 significant bits
+        rest = rest - h                             # exact
+    return out
+
+
+def _product(spec: str, a, w, bf16x6: bool, per_position: str | None = None):
+    """einsum(spec, a, w) with float32 (or float64) products, or, with
+    bf16x6, as the six bfloat16 products a_i w_j (i + j <= 2, smallest
+    first) of the operands' bfloat16 pieces, summed in float32: exact
+    products on tensor cores, dropping terms of 2^-24 relative. Tensor-core
+    sums lose accuracy with their length (H200, N = 2^20, p = 11: error
+    2.1e-5 contracting 27 neighbour positions at once, 9.5e-7 one at a
+    time; docs/BENCHMARKS.md), so the leading product a_1 w_1 is contracted
+    with `per_position`, spec with the position axis kept first in the
+    output, and summed over positions in float32."""
+    if not bf16x6 or a.dtype != jnp.float32:
+        return jnp.einsum(spec, a, w, precision=HIGHEST)
+    ap, wp = bf16_split(a), bf16_split(w)
+    out = None
+    for i, j in ((2, 0), (1, 1), (0, 2), (1, 0), (0, 1)):
+        t = jnp.einsum(spec, ap[i], wp[j], preferred_element_type=jnp.float32)
+        out = t if out is None else out + t
+    if per_position is None:
+        return out + jnp.einsum(spec, ap[0], wp[0], preferred_element_type=jnp.float32)
+    lead = jnp.einsum(per_position, ap[0], wp[0], preferred_element_type=jnp.float32)
+    return out + jnp.sum(lead, axis=0)
+
+
 # Bytes of gathered operators and neighbour multipoles that one product of
 # `m2l` may hold; beyond them it loops (over parent chunks, or over the 3^d
 # neighbour positions when the operators alone are too large).
 GATHER_BYTES = 2 ** 28
 
 
-def m2l(mult, level: int, mats, dim: int):
+def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
     """Far-field translation at one level (level >= 2).
 
     mult: (2^(d*level), K, P) multipoles of the level.
@@ -51,7 +90,8 @@ def m2l(mult, level: int, mats, dim: int):
     (on an H200 at N = 2^20, p = 11: 5.9 ms for the downward pass against
     7.1 ms looping over positions). Memory is kept under GATHER_BYTES by
     chunking parents; where even the gathered operators exceed it (high p),
-    the loop over positions runs instead.
+    the loop over positions runs instead. bf16x6: float32 products as six
+    bfloat16 products (`_product`; GPUs).
     """
     nc = 2 ** dim
     nb_par = lists.neighbors(level - 1, dim)            # (B, 3^d), sentinel B
@@ -65,8 +105,7 @@ def m2l(mult, level: int, mats, dim: int):
     if len(keep) * nc * nc * p * p * item > GATHER_BYTES:
         def body(acc, xs):
             col, slot = xs
-            return acc + jnp.einsum("bskq,scpq->bckp", grouped[col], mats[slot],
-                                    precision=HIGHEST), None
+            return acc + _product("bskq,scpq->bckp", grouped[col], mats[slot], bf16x6), None
 
         init = jnp.zeros((b, nc, k, p), mult.dtype)
         out, _ = jax.lax.scan(body, init, (nb_par.T[keep], jnp.asarray(slots[keep])))
@@ -77,7 +116,8 @@ def m2l(mult, level: int, mats, dim: int):
     chunk = min(b, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))
 
     def apply(cols):                                    # (C, J) -> (C, 2^d, K, P)
-        return jnp.einsum("bjskq,jscpq->bckp", grouped[cols], w, precision=HIGHEST)
+        return _product("bjskq,jscpq->bckp", grouped[cols], w, bf16x6,
+                        per_position="bjskq,jscpq->jbckp")
 
     cols = nb_par[:, keep]
     out = apply(cols) if chunk == b else jax.lax.map(
