@@ -3,12 +3,12 @@ import jax
 import jax.numpy as jnp
 
 
-def compiler_params(num_warps: int, interpret: bool):
+def compiler_params(num_warps: int, interpret: bool, num_stages: int = 1):
     """Triton compiler parameters of a GPU kernel (None in interpret mode)."""
     if interpret:
         return None
     from jax.experimental.pallas import triton as plgpu
-    return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 _FMA = {"float32": ("fma.rn.f32 $0, $1, $2, $3;", "=r,r,r,r"),
