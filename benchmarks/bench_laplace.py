@@ -28,6 +28,7 @@ import jfmm  # noqa: E402
 driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 from jfmm import _reference  # noqa: E402
 from jfmm.ops import backend, laplace3d  # noqa: E402
+from jfmm.ops.pallas import m2l as pallas_m2l  # noqa: E402
 from jfmm.ops.pallas import p2p as pallas_p2p  # noqa: E402
 from jfmm.tree import build as build_tree, choose_depth, lists  # noqa: E402
 
@@ -98,7 +99,7 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng, leaf=None):
     # (GB-sized, at high p) constants of each pass's executable.
     up = jax.jit(lambda t, c, o: driver.upward(t, c, laplace3d, o, p, mode))
     mult = up(tree, qs, ops)
-    down = jax.jit(lambda t, m, o: driver.downward(t, m, laplace3d, o, kernel, p))
+    down = jax.jit(lambda t, m, o: driver.downward(t, m, laplace3d, o, kernel, p, mode))
     loc = down(tree, mult, ops)
 
     def l2p(t, lc):
@@ -135,6 +136,14 @@ HEADER = ("| N | points | dtype | eps | p | depth | build ms | up ms | down ms |
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
+def m2l_tiles(spec: str):
+    """--m2l: a `backend.M2L_CHOICES` name or 'parents,width,warps,stages[,algorithm]'."""
+    if spec in backend.M2L_CHOICES:
+        return spec
+    f = spec.split(",")
+    return pallas_m2l.Tiles(*map(int, f[:4]), *f[4:])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nmin", type=int, default=12, help="log2 of the smallest N")
@@ -152,6 +161,9 @@ def main():
     ap.add_argument("--leaf", type=int, default=None, help="leaf size (default: the rule's)")
     ap.add_argument("--blocks", default=None,
                     help="Pallas P2P tiles 'T,S,warps' (default: the library's)")
+    ap.add_argument("--m2l", default=None,
+                    help="M2L on the GPU: bf16x6, float32, or Pallas M2L tiles "
+                         "'parents,width,warps,stages[,algorithm]'")
     args = ap.parse_args()
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
@@ -159,8 +171,11 @@ def main():
     rng = np.random.default_rng(args.seed)
     if args.blocks:
         backend.set_backend("auto", pallas_p2p.Blocks(*map(int, args.blocks.split(","))))
+    if args.m2l:
+        backend.set_backend("auto", m2l=m2l_tiles(args.m2l))
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}, near field: {backend.current()}")
+          f"{time.strftime('%Y-%m-%d')}, backend: {backend.current()}, "
+          f"M2L: {backend.m2l_choice()}")
     print(HEADER)
     ns = [args.n] if args.n else [2 ** k for k in range(args.nmin, args.nmax + 1, args.step)]
     orders = [int(o) for o in args.orders.split(",")] if args.orders else [None]

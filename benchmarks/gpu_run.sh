@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. s; sessions 8-10 used e-i, k-s)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. w; sessions 8-11 used e-i, k-w)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -146,6 +146,34 @@ case "$1" in
     export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
     $py benchmarks/bench_p2p.py --parts all --all-n 16,20 \
       --blocks "8,16,1;8,32,1;16,32,1;32,32,4;16,64,4;32,64,4" 2>&1 | tee "$out/p2p_all.md"
+    ;;
+  x)
+    # Pallas M2L tile sweep (session 11, first call; 128-wide tiles overflow shared memory at p = 11)
+    tf=TF32_TF32_F32_X3
+    XLA_FLAGS=--xla_gpu_enable_triton_gemm=false $py benchmarks/bench_m2l.py --level 5 \
+      --orders 8,11 --variants "jnp;64,128,4,2,$tf;32,128,4,2,$tf;128,128,8,2,$tf;\
+64,128,4,1,$tf;64,128,4,3,$tf;64,128,8,2,$tf;64,64,4,2,$tf;32,64,4,1,$tf;16,128,4,1,$tf;\
+64,128,4,2,BF16_BF16_F32_X6;64,128,4,2,BF16_BF16_F32_X3;64,128,4,2,F32_F32_F32" 2>&1 \
+      | tee "$out/m2l_pallas.md"
+    ;;
+  v)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $py benchmarks/bench_m2l.py --level 5 --orders 6,8,11 \
+      --variants "jnp;bf16x6;64,64,4,2,BF16_BF16_F32_X6" 2>&1 | tee "$out/m2l.md"
+    one="$b --n 1048576 --dtype float32 --repeats 7 --direct-max 0"
+    for m2l in bf16x6 float32 bf16x6; do $one --eps 1e-5 --m2l $m2l 2>&1 | tail -1; done \
+      | tee "$out/f32_cube.md"
+    for eps in 1e-3 1e-4 1e-6; do $one --eps $eps 2>&1 | tail -1; done | tee "$out/eps.md"
+    $b --n 1048576 --dist sphere,plummer --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 \
+      2>&1 | tail -2 | tee "$out/dist.md"
+    $b --nmin 14 --nmax 24 --step 2 --dtype float32 --eps 1e-5 --repeats 3 \
+      --direct-max 65536 2>&1 | tail -6 | tee "$out/scaling.md"
+    ;;
+  w)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $py benchmarks/bench_grad.py --n 1048576 --dtype float32 --eps 1e-5 2>&1 | tee "$out/grad_f32.md"
+    $py benchmarks/bench_rbf.py --n 1048576 --repeats 3 --dim 3 --dtype float32 --eps 1e-4 \
+      2>&1 | tee "$out/rbf3.md"
     ;;
   t)
     $py benchmarks/bench_peers.py --n 1048576 --jaxfmm-path peers/jaxfmm --eps 1e-5,1e-3 \

@@ -1,0 +1,112 @@
+"""M2L of one level on the GPU: the jnp operator (XLA products) against the
+Pallas kernel, with translations per second and error.
+
+    python benchmarks/bench_m2l.py --level 5 --orders 8,11 \
+        --variants "jnp;64,128,4,2,TF32_TF32_F32_X3;64,128,4,2,F32_F32_F32"
+
+Multipoles are those of a uniform random cube at --level (32 points per
+box, mixed-sign charges, 3D Laplace operators of order p). Each variant is
+'jnp' (float32 products), 'bf16x6' (six bfloat16 products,
+`translate._product`), either with ':loop' (one product per neighbour
+position, as above GATHER_BYTES), 'xla:ALGORITHM' (the jnp operator with its products at that
+`jax.lax.DotAlgorithmPreset`) or Pallas tiles 'parents,width,warps,stages,
+algorithm'. Error: relative L2 of the level's locals against the jnp
+operator in float64. Translations: source-target box pairs of the level.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import importlib  # noqa: E402
+
+import jfmm  # noqa: E402,F401
+from jfmm.ops import laplace3d, translate  # noqa: E402
+from jfmm.ops.pallas import m2l as pallas_m2l  # noqa: E402
+from jfmm.tree import build, lists  # noqa: E402
+from bench_laplace import m2l_tiles, median_time, rel  # noqa: E402
+
+driver = importlib.import_module("jfmm.fmm")
+
+
+def translations(level: int) -> int:
+    """Well-separated (source, target) box pairs at `level` of the full grid."""
+    nbr = np.asarray(lists.neighbors(level - 1, 3))
+    steps = pallas_m2l.steps(3)                                  # (8, n, 3)
+    live = nbr[:, steps[:, :, 0]] < nbr.shape[0]                 # (B, 8, n)
+    return int(live.sum())
+
+
+def run(variant: str, mult, level: int, mats):
+    if variant.split(":")[0] in ("jnp", "bf16x6"):
+        bf16x6 = variant.startswith("bf16x6")
+        if variant.endswith(":loop"):          # the loop over neighbour positions
+            def h(m, w):
+                old, translate.GATHER_BYTES = translate.GATHER_BYTES, 0
+                try:
+                    return translate.m2l(m, level, w, 3, bf16x6)
+                finally:
+                    translate.GATHER_BYTES = old
+            return jax.jit(h)
+        return jax.jit(lambda m, w: translate.m2l(m, level, w, 3, bf16x6))
+    if variant.startswith("xla:"):
+        alg = getattr(jax.lax.DotAlgorithmPreset, variant[4:])
+
+        def f(m, w):
+            old, translate.HIGHEST = translate.HIGHEST, alg
+            try:
+                return translate.m2l(m, level, w, 3)
+            finally:
+                translate.HIGHEST = old
+        return jax.jit(f)
+    tiles = m2l_tiles(variant)
+    return jax.jit(lambda m, w: pallas_m2l.m2l(m, level, w, 3, tiles))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--level", type=int, default=5)
+    ap.add_argument("--orders", default="11")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--variants", default="jnp;64,128,4,2,TF32_TF32_F32_X3")
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    dtype = np.dtype(args.dtype).type
+    level = args.level
+    n_tr = translations(level)
+    rng = np.random.default_rng(0)
+    n = 32 * 8 ** level
+    x = jnp.asarray(rng.random((n, 3)), dtype)
+    q = jnp.asarray(rng.random((n, 1)) - 0.5, dtype)
+    tree = jax.jit(build, static_argnames="depth")(x, None, depth=level)
+    print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}, level {level}, {n_tr:,} translations, {args.dtype}")
+    print("| p | variant | ms | translations/s | err vs float64 |\n|---|---|---|---|---|")
+    for p in map(int, args.orders.split(",")):
+        ops = driver.operators(laplace3d, p, 3, dtype)
+        ops64 = driver.operators(laplace3d, p, 3, jnp.float64)
+        mult = driver.upward(tree, q[tree.src_perm], laplace3d, ops, p, "jnp")[level]
+        want = translate.m2l(mult.astype(jnp.float64), level, ops64.m2l, 3)
+        for variant in args.variants.split(";"):
+            try:
+                f = run(variant, mult, level, ops.m2l)
+                got = f(mult, ops.m2l)
+                t = median_time(f, mult, ops.m2l, repeats=args.repeats)
+                print(f"| {p} | {variant} | {t * 1e3:.3f} | {n_tr / t:.3g} | "
+                      f"{rel(got, want):.2e} |", flush=True)
+            except Exception as e:  # noqa: BLE001  (report and go on)
+                print(f"| {p} | {variant} | failed: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:150]} | | |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
