@@ -87,11 +87,14 @@ def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
     list of the translated multipoles. The children of each parent's 3^d
     neighbours are gathered, and one (B, J 2^d P) x (J 2^d P, 2^d P)
     product applies the J non-empty neighbour positions' blocks at once
-    (on an H200 at N = 2^20, p = 11: 5.9 ms for the downward pass against
-    7.1 ms looping over positions). Memory is kept under GATHER_BYTES by
-    chunking parents; where even the gathered operators exceed it (high p),
-    the loop over positions runs instead. bf16x6: float32 products as six
-    bfloat16 products (`_product`; GPUs).
+    (on an H200 at N = 2^20, p = 11, float32 products: 5.9 ms for the
+    downward pass against 7.1 ms looping over positions). Memory is kept
+    under GATHER_BYTES by chunking parents (counting the gathered
+    multipoles in their own dtype; with bf16x6 their three bfloat16 pieces
+    and the per-position leading product take about 2.5 times that); where
+    even the gathered operators exceed it (high p), the loop over positions
+    runs instead. bf16x6: float32 products as six bfloat16 products
+    (`_product`; the GPU default, see jfmm.ops.backend).
     """
     nc = 2 ** dim
     nb_par = lists.neighbors(level - 1, dim)            # (B, 3^d), sentinel B
