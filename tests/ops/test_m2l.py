@@ -89,3 +89,15 @@ def test_pallas_m2l_lowers_to_triton(dtype):
         f = jax.jit(lambda m, w: pallas_m2l.m2l(m, 3, w, 3))
         text = f.trace(mult, mats).lower(lowering_platforms=("cuda",)).as_text()
         assert "xla.gpu.triton" in text
+
+
+def test_gpu_m2l_paths_vmap(rng):
+    """Both GPU M2L paths batch over point sets (vmap), as the primitive's
+    batching rule needs."""
+    mult, mats = _operands(rng, 3, 2, 1, 9, np.float32)
+    batch = jnp.stack([mult, -2 * mult[::-1]])
+    want = jax.vmap(lambda m: translate.m2l(m, 2, mats, 3))(batch)
+    split = jax.vmap(lambda m: translate.m2l(m, 2, mats, 3, bf16x6=True))(batch)
+    tiles = pallas_m2l.Tiles(parents=16, width=16)
+    kernel = jax.vmap(lambda m: pallas_m2l.m2l(m, 2, mats, 3, tiles, interpret=True))(batch)
+    assert rel(split, want) < 1e-6 and rel(kernel, want) < 1e-6
