@@ -175,6 +175,13 @@ case "$1" in
     $py benchmarks/bench_rbf.py --n 1048576 --repeats 3 --dim 3 --dtype float32 --eps 1e-4 \
       2>&1 | tee "$out/rbf3.md"
     ;;
+  y)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    acc="$py benchmarks/accuracy.py --n 30000 --dtype float32"
+    { $acc --eps 1e-5; $acc --eps 1e-3; $acc --dim 2 --kernel laplace2d --eps 1e-5
+      $acc --kernel gaussian --eps 1e-4; $acc --dim 2 --kernel gaussian --eps 1e-4
+      $acc --kernel thin_plate_spline --eps 1e-4; } 2>&1 | tee "$out/accuracy.md"
+    ;;
   t)
     $py benchmarks/bench_peers.py --n 1048576 --jaxfmm-path peers/jaxfmm --eps 1e-5,1e-3 \
       --tols 5e-3,2e-3 2>&1 | tee "$out/peers_f32.md"
