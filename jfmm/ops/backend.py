@@ -5,6 +5,11 @@ GPU only), "interpret" (Pallas kernels run by the Pallas interpreter: how the
 CPU tests check them). Set with `set_backend` or the JFMM_BACKEND environment
 variable. The public calls resolve the mode (`current()`) when they are called
 and pass it down as a static argument, so it is part of every jit cache key.
+
+On the Pallas backends the M2L stays XLA's grouped products, with float32
+products as exact products of bfloat16 pieces on tensor cores (the fastest
+measured, and as accurate as float32 products; `translate.m2l`); the Pallas
+M2L kernel is an option (`set_backend(m2l=...)`).
 """
 from __future__ import annotations
 
