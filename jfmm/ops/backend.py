@@ -48,7 +48,10 @@ def set_backend(mode: str, blocks: pallas_p2p.Blocks | None = None,
                 m2l: pallas_m2l.Tiles | str | None = None) -> None:
     """Choose the backend (see module docstring) and, optionally, the tile
     sizes of the Pallas P2P (near field and all pairs alike) and the M2L
-    of the Pallas backends (one of M2L_CHOICES or Pallas M2L tiles)."""
+    of the Pallas backends (one of M2L_CHOICES or Pallas M2L tiles). Tiles
+    and the M2L choice are read when a call is traced and are not part of
+    jit cache keys: they apply to functions traced afterwards (all give the
+    same sums to within their measured errors)."""
     global _mode, _blocks, _dense_blocks, _m2l
     if mode not in MODES:
         raise ValueError(f"backend must be one of {MODES}, got {mode!r}")
