@@ -46,28 +46,26 @@ def translations(level: int) -> int:
     return int(live.sum())
 
 
-def run(variant: str, mult, level: int, mats):
+def _patched(name: str, value, bf16x6: bool, level: int):
+    """translate.m2l traced with the module constant `name` set to value."""
+    def f(m, w):
+        old = getattr(translate, name)
+        setattr(translate, name, value)
+        try:
+            return translate.m2l(m, level, w, 3, bf16x6)
+        finally:
+            setattr(translate, name, old)
+    return jax.jit(f)
+
+
+def run(variant: str, level: int):
     if variant.split(":")[0] in ("jnp", "bf16x6"):
         bf16x6 = variant.startswith("bf16x6")
         if variant.endswith(":loop"):          # the loop over neighbour positions
-            def h(m, w):
-                old, translate.GATHER_BYTES = translate.GATHER_BYTES, 0
-                try:
-                    return translate.m2l(m, level, w, 3, bf16x6)
-                finally:
-                    translate.GATHER_BYTES = old
-            return jax.jit(h)
+            return _patched("GATHER_BYTES", 0, bf16x6, level)
         return jax.jit(lambda m, w: translate.m2l(m, level, w, 3, bf16x6))
     if variant.startswith("xla:"):
-        alg = getattr(jax.lax.DotAlgorithmPreset, variant[4:])
-
-        def f(m, w):
-            old, translate.HIGHEST = translate.HIGHEST, alg
-            try:
-                return translate.m2l(m, level, w, 3)
-            finally:
-                translate.HIGHEST = old
-        return jax.jit(f)
+        return _patched("HIGHEST", getattr(jax.lax.DotAlgorithmPreset, variant[4:]), False, level)
     tiles = m2l_tiles(variant)
     return jax.jit(lambda m, w: pallas_m2l.m2l(m, level, w, 3, tiles))
 
@@ -98,7 +96,7 @@ def main():
         want = translate.m2l(mult.astype(jnp.float64), level, ops64.m2l, 3)
         for variant in args.variants.split(";"):
             try:
-                f = run(variant, mult, level, ops.m2l)
+                f = run(variant, level)
                 got = f(mult, ops.m2l)
                 t = median_time(f, mult, ops.m2l, repeats=args.repeats)
                 print(f"| {p} | {variant} | {t * 1e3:.3f} | {n_tr / t:.3g} | "
