@@ -49,25 +49,26 @@ def bf16_split(x, pieces: int = 3):
     return out
 
 
-def _product(spec: str, a, w, per_position: str | None = None):
-    """einsum(spec, a, w) of operands given as pieces: [x] (float32 or
-    float64 products) or `bf16_split(x)`, whose six bfloat16 products a_i w_j
-    (i + j <= 2, smallest first) are summed in float32: exact products on
-    tensor cores, dropping terms of 2^-24 relative. Tensor-core sums lose
-    accuracy with their length (H200, N = 2^20, p = 11: error 2.1e-5
-    contracting 27 neighbour positions at once, 9.5e-7 one at a time;
-    docs/BENCHMARKS.md), so the leading product a_1 w_1 is contracted with
-    `per_position`, spec with the position axis kept first in the output,
-    and summed over positions in float32."""
-    if len(a) == 1:
-        return jnp.einsum(spec, a[0], w[0], precision=HIGHEST)
+def _product(spec: str, a, w, bf16x6: bool, per_position: str | None = None):
+    """einsum(spec, a, w) with float32 (or float64) products, or, with
+    bf16x6, as the six bfloat16 products a_i w_j (i + j <= 2, smallest
+    first) of the operands' bfloat16 pieces, summed in float32: exact
+    products on tensor cores, dropping terms of 2^-24 relative. Tensor-core
+    sums lose accuracy with their length (H200, N = 2^20, p = 11: error
+    2.1e-5 contracting 27 neighbour positions at once, 9.5e-7 one at a
+    time; docs/BENCHMARKS.md), so the leading product a_1 w_1 is contracted
+    with `per_position`, spec with the position axis kept first in the
+    output, and summed over positions in float32."""
+    if not bf16x6 or a.dtype != jnp.float32:
+        return jnp.einsum(spec, a, w, precision=HIGHEST)
+    ap, wp = bf16_split(a), bf16_split(w)
     out = None
     for i, j in ((2, 0), (1, 1), (0, 2), (1, 0), (0, 1)):
-        t = jnp.einsum(spec, a[i], w[j], preferred_element_type=jnp.float32)
+        t = jnp.einsum(spec, ap[i], wp[j], preferred_element_type=jnp.float32)
         out = t if out is None else out + t
     if per_position is None:
-        return out + jnp.einsum(spec, a[0], w[0], preferred_element_type=jnp.float32)
-    lead = jnp.einsum(per_position, a[0], w[0], preferred_element_type=jnp.float32)
+        return out + jnp.einsum(spec, ap[0], wp[0], preferred_element_type=jnp.float32)
+    lead = jnp.einsum(per_position, ap[0], wp[0], preferred_element_type=jnp.float32)
     return out + jnp.sum(lead, axis=0)
 
 
@@ -101,28 +102,29 @@ def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
     k, p = mult.shape[1], mult.shape[2]
     grouped = mult.reshape(b, nc, k, p)
     grouped = jnp.concatenate([grouped, jnp.zeros((1, nc, k, p), mult.dtype)])
-    # Operands as pieces (see `_product`), split once before any gather.
-    pieces = bf16_split if bf16x6 and mult.dtype == jnp.float32 else (lambda x: [x])
-    grouped, mats = pieces(grouped), pieces(mats)
     slots = lists.m2l_slots(dim)
     keep = np.flatnonzero((slots < len(lists.m2l_offsets(dim))).any(axis=(1, 2)))
     item = mult.dtype.itemsize
     if len(keep) * nc * nc * p * p * item > GATHER_BYTES:
         def body(acc, xs):
             col, slot = xs
-            return acc + _product("bskq,scpq->bckp", [g[col] for g in grouped],
-                                  [m[slot] for m in mats]), None
+            return acc + _product("bskq,scpq->bckp", grouped[col], mats[slot], bf16x6), None
 
         init = jnp.zeros((b, nc, k, p), mult.dtype)
         out, _ = jax.lax.scan(body, init, (nb_par.T[keep], jnp.asarray(slots[keep])))
         return out.reshape(b * nc, k, p)
 
-    w = [m[slots[keep]] for m in mats]                  # (J, 2^d src, 2^d tgt, P, P)
+    # With bf16x6 both operands are split inside each product, the operators
+    # again for every parent chunk. Splitting them (or the level's
+    # multipoles) once per level, before the gather, made the downward pass
+    # alone no slower but the whole fmm slower on an H200 at N = 2^20
+    # (7.1-7.5 against 6.6-6.7 ms, same run), so the split stays here.
+    w = mats[slots[keep]]                               # (J, 2^d src, 2^d tgt, P, P)
     per_parent = len(keep) * nc * k * p * item
     chunk = min(b, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))
 
     def apply(cols):                                    # (C, J) -> (C, 2^d, K, P)
-        return _product("bjskq,jscpq->bckp", [g[cols] for g in grouped], w,
+        return _product("bjskq,jscpq->bckp", grouped[cols], w, bf16x6,
                         per_position="bjskq,jscpq->jbckp")
 
     cols = nb_par[:, keep]

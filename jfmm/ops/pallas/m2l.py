@@ -114,6 +114,6 @@ def m2l(mult, level: int, mats, dim: int, tiles: Tiles = Tiles(), interpret: boo
         body, out_shape=jax.ShapeDtypeStruct((n_k, nc, bpad, ppad), dt),
         grid=(n_k, nc, bpad // tile, ppad // width), interpret=interpret,
         compiler_params=compiler_params(tiles.num_warps, interpret, tiles.num_stages),
-    )(table, nbr, src, ops)
+    )(table, nbr, src, ops.astype(dt))
     out = out[:, :, :b, :p]                                      # (K, c, B, P)
     return jnp.transpose(out, (2, 1, 0, 3)).reshape(b * nc, n_k, p)
