@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. w; sessions 8-11 used e-i, k-w)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z; sessions 8-12 used e-i, k-z)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -189,5 +189,19 @@ case "$1" in
   c)
     $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 65536 2>&1 | tee "$out/f64_cube.md"
     $b --n 65536 --dist plummer --dtype float32 --eps 1e-5 --repeats 3 2>&1 | tee "$out/f32_plummer.md"
+    ;;
+  z)
+    # Session 12: Chebyshev orders from the error estimate (per kernel and points).
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    timeout 330 $r --dim 3 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
+    timeout 240 $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3_f32.md"
+    ;;
+  z2)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    timeout 240 $r --dim 3 --dtype float32 --eps 1e-4 --orders traced 2>&1 | tee "$out/rbf3_f32_traced.md"
+    timeout 200 $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2_f64.md"
+    timeout 120 $r --dim 3 --dtype float64 --eps 1e-8 --kernels 1,3,8,9 2>&1 | tee "$out/rbf3_f64_1e-8.md"
     ;;
 esac

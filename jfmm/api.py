@@ -7,18 +7,31 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jfmm import fmm as _fmm
 from jfmm import kernels as _kernels
 from jfmm import primitive as _primitive
 from jfmm import tree as _tree
-from jfmm.ops import backend
+from jfmm.ops import backend, chebyshev
 
 
 # ------------------------------------------------------------------ checks
 
 def _concrete(x) -> bool:
     return not isinstance(x, _kernels.Tracer)
+
+
+def _concrete_kernel(kernel) -> bool:
+    """Whether the kernel's parameters, and a Radial fn's closure, are concrete."""
+    if not all(_concrete(v) for v in jax.tree_util.tree_leaves(kernel)):
+        return False
+    try:
+        with jax.ensure_compile_time_eval():
+            kernel.radial(jnp.ones((), jnp.float32))
+    except jax.errors.JAXTypeError:
+        return False
+    return True
 
 
 def _check_kernel(kernel):
@@ -158,15 +171,41 @@ def _depth(n_src, n_tgt, dim, leaf_size, family, p):
     return _tree.choose_depth(max(n_src, n_tgt), dim, leaf)
 
 
+def _pair_sample(sources, targets, count: int = 4096):
+    """(root box side, squared distances of `count` sample (target, source)
+    pairs) of concrete points, or (None, None) where they are traced."""
+    pts = [sources] + ([] if targets is None else [targets])
+    if not all(_concrete(x) for x in pts):
+        return None, None
+    tgt = sources if targets is None else targets
+    rng = np.random.default_rng(0)
+    with jax.ensure_compile_time_eval():
+        _, side = _tree.root_box(sources if targets is None else jnp.concatenate(pts))
+        x = np.asarray(sources[rng.integers(0, sources.shape[0], count)], np.float64)
+        y = np.asarray(tgt[rng.integers(0, tgt.shape[0], count)], np.float64)
+    return float(side), np.sum((y - x) ** 2, axis=-1)
+
+
 def _configure(sources, targets, kernel, eps, leaf_size, order, family):
     """The static choices of `fmm` and `plan` for prepared points: eps (resolved),
-    the family choice and its family object, the order p and the tree depth."""
-    n_tgt = sources.shape[0] if targets is None else targets.shape[0]
+    the family choice and its family object, the order p and the tree depth.
+
+    The Chebyshev order comes from its error estimate for this kernel and
+    these points where the kernel's parameters are concrete
+    (`Chebyshev.order_for`; the worst root box size where the points are
+    traced), else from the family's worst-case rule."""
+    n_src, dim = sources.shape
+    n_tgt = n_src if targets is None else targets.shape[0]
     eps = _resolve_eps(eps, sources.dtype)
     family = _check_family(family)
-    fam = _fmm.family_for(kernel, sources.shape[1], family)
-    p = _order(fam, eps, sources.dtype, order)
-    depth = _depth(sources.shape[0], n_tgt, sources.shape[1], leaf_size, fam, p)
+    fam = _fmm.family_for(kernel, dim, family)
+    if order is None and isinstance(fam, chebyshev.Chebyshev) and _concrete_kernel(kernel):
+        side, r2 = _pair_sample(sources, targets)
+        p = fam.order_for(eps, sources.dtype, kernel,
+                          lambda n: _depth(n_src, n_tgt, dim, leaf_size, fam, n), side, r2)
+    else:
+        p = _order(fam, eps, sources.dtype, order)
+    depth = _depth(n_src, n_tgt, dim, leaf_size, fam, p)
     return eps, family, fam, p, depth
 
 
@@ -214,11 +253,19 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
 
     Families (`jfmm.fmm.family_for`): spherical harmonics for Laplace3D,
     complex Taylor/Laurent series for Laplace2D, Chebyshev interpolation
-    for every other kernel, 2D and 3D; the order comes from eps (each
-    family's `order`: a measured error table with a margin of 4), or from
-    `order` (for Chebyshev: nodes per dimension). The smallest eps: 3D
-    Laplace 8.4e-11, 2D Laplace 4.8e-14, Chebyshev 2.4e-12 in 2D and
-    9.5e-7 in 3D; float32 3e-6 everywhere. family="chebyshev" overrides
+    for every other kernel, 2D and 3D; the order comes from eps, or from
+    `order` (for Chebyshev: nodes per dimension). Laplace: a measured error
+    table with a margin of 4. Chebyshev: where the kernel's parameters are
+    concrete, an error estimate for this kernel, these points and this
+    tree (`jfmm.ops.chebyshev.far_field_error`, a margin of 4 over it; under
+    jit with traced points, the worst over root box sizes), so smooth
+    kernels get low orders and eps reaches 1e-12 in float64 where the
+    kernel allows (ValueError where no order up to 18 in 2D, 12 in 3D
+    does); with traced parameters, the worst-case rule over all kernels
+    (down to 2.4e-12 in 2D, 9.5e-7 in 3D). The order depends on the
+    points' extent only for kernels with a length scale; `Plan.update`
+    keeps the plan's order. Smallest eps: 3D Laplace 8.4e-11, 2D Laplace
+    4.8e-14; float32 3e-6 everywhere. family="chebyshev" overrides
     the choice (any kernel; None or "auto" chooses as above). With "auto", a
     Gaussian so narrow that it falls below 0.1 eps within one leaf side is
     summed over neighbouring leaves alone (no expansions).

@@ -75,9 +75,32 @@ def test_kernel_parameter_gradients(rng):
         assert abs(got - want) <= 10 * eps * abs(want)
 
 
-def test_3d_floor_order(rng):
-    """eps = 1e-6 in 3D takes the largest order (n = 10, 1000 weights per box)."""
-    _check(K.Gaussian(6.0), 3, "cluster", True, 1e-6, rng, n=700)
+@pytest.mark.parametrize("kernel,kind", [(K.Gaussian(1.0), "cube"), (K.Cubic(), "cluster")],
+                         ids=["Gaussian-cube", "Cubic-cluster"])
+def test_3d_beyond_the_worst_case_rule(kernel, kind, rng):
+    """eps = 1e-8 in 3D: below the worst-case rule's floor (9.5e-7), reached
+    by the order from the error estimate for this kernel and points."""
+    fam = driver.chebyshev_family(3)
+    with pytest.raises(ValueError, match="reaches"):
+        fam.order(1e-8, np.float64)
+    _check(kernel, 3, kind, False, 1e-8, rng, n=700)
+
+
+def test_estimated_order_under_jit(rng):
+    """Traced points: the order is the estimate's worst over root box sizes
+    (no more than the worst-case rule's); traced kernel parameters: the
+    worst-case rule."""
+    x, q = points("sphere", 900, rng, 2), charges(900, rng)
+    ref, gref = jfmm.direct(x, q, kernel=K.Multiquadric(3.0), gradient=True)
+    traced_points = jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=K.Multiquadric(3.0), eps=1e-8,
+                                                  gradient=True, leaf_size=16))
+    traced_kernel = jax.jit(lambda e: jfmm.fmm(x, q, kernel=K.Multiquadric(e), eps=1e-8,
+                                               gradient=True, leaf_size=16))
+    for phi, grad in (traced_points(x, q), traced_kernel(3.0)):
+        assert rel(phi, ref) <= 1e-8, rel(phi, ref)
+        assert rel(grad, gref) <= 1e-7, rel(grad, gref)
+    fam = driver.chebyshev_family(3)
+    assert fam.order_for(1e-6, np.float64, K.Cubic(), lambda n: 3) <= fam.order(1e-6, np.float64)
 
 
 def test_radial_kernel_with_closure_matches_direct(rng):
@@ -89,6 +112,9 @@ def test_unreachable_eps_and_wrong_dimension_raise(rng):
     x3, x2, q = points("cube", 100, rng, 3), points("cube", 100, rng, 2), charges(100, rng)
     with pytest.raises(ValueError, match="reaches"):
         jfmm.fmm(x3, q, kernel=K.Gaussian(1.0), eps=1e-14)
+    with pytest.raises(ValueError, match="reaches"):   # no order reaches it here
+        jfmm.fmm(points("cube", 3000, rng, 3), charges(3000, rng), kernel=K.Gaussian(12.0),
+                 eps=1e-11, leaf_size=16)
     with pytest.raises(ValueError, match=r"shape \(n, 2\)"):
         jfmm.fmm(x3, q, kernel=K.Laplace2D())
     with pytest.raises(ValueError, match=r"shape \(n, 3\)"):

@@ -1,4 +1,4 @@
 """Tree construction and interaction lists (all jit-able)."""
-from jfmm.tree.uniform import Tree, build, choose_depth
+from jfmm.tree.uniform import Tree, build, choose_depth, root_box
 
-__all__ = ["Tree", "build", "choose_depth"]
+__all__ = ["Tree", "build", "choose_depth", "root_box"]

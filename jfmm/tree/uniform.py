@@ -1,7 +1,7 @@
 """Uniform-depth octree (quadtree in 2D) over sources and targets, on device.
 
 Both point sets share one root box, a cube around all of them with small
-unequal margins (see `_root_box`).
+unequal margins (see `root_box`).
 Each set is sorted by the Morton key of its leaf; a leaf's points are then a
 contiguous range [start[b], start[b + 1]) of the sorted array, so "the points
 of a box" is two integers.
@@ -91,7 +91,7 @@ def choose_depth(n: int, dim: int, leaf_size: int) -> int:
 _MARGIN_LO, _MARGIN_HI = 0.0371, 0.0213
 
 
-def _root_box(points):
+def root_box(points):
     """A cube holding every finite point with small margins: (lo (d,), side ())."""
     finite = jnp.all(jnp.isfinite(points), axis=-1, keepdims=True)
     big = jnp.finfo(points.dtype).max
@@ -134,7 +134,7 @@ def build(sources, targets, depth: int) -> Tree:
     """
     d = sources.shape[-1]
     both = sources if targets is None else jnp.concatenate([sources, targets])
-    lo, side = _root_box(both)
+    lo, side = root_box(both)
     finite = jnp.all(jnp.isfinite(both))
     src = _sort(sources, lo, side, depth)
     tgt = src if targets is None else _sort(targets, lo, side, depth)
