@@ -1,7 +1,8 @@
 """The issue-5 acceptance table: every kernel, 2D and 3D, float64, N = 20,000
-uniform points with mixed-sign charges, eps from 1e-3 down to each family's
-floor: measured relative L2 error of potential and gradient against the
-float64 direct sum (all targets), and whether err phi <= eps.
+uniform points with mixed-sign charges, eps from 1e-3 to 1e-10: the order
+`jfmm.fmm` chooses (or the ValueError it raises), the measured relative L2
+error of potential and gradient against the float64 direct sum (all
+targets), and whether err phi <= eps.
 
     python benchmarks/acceptance_rbf.py --dim 2 --n 20000
 """

@@ -22,18 +22,6 @@ def _concrete(x) -> bool:
     return not isinstance(x, _kernels.Tracer)
 
 
-def _concrete_kernel(kernel) -> bool:
-    """Whether the kernel's parameters, and a Radial fn's closure, are concrete."""
-    if not all(_concrete(v) for v in jax.tree_util.tree_leaves(kernel)):
-        return False
-    try:
-        with jax.ensure_compile_time_eval():
-            kernel.radial(jnp.ones((), jnp.float32))
-    except jax.errors.JAXTypeError:
-        return False
-    return True
-
-
 def _check_kernel(kernel):
     if not isinstance(kernel, _kernels.Kernel):
         raise TypeError(f"kernel must be a jfmm.kernels.Kernel, got {type(kernel).__name__}")
@@ -199,7 +187,7 @@ def _configure(sources, targets, kernel, eps, leaf_size, order, family):
     eps = _resolve_eps(eps, sources.dtype)
     family = _check_family(family)
     fam = _fmm.family_for(kernel, dim, family)
-    if order is None and isinstance(fam, chebyshev.Chebyshev) and _concrete_kernel(kernel):
+    if order is None and isinstance(fam, chebyshev.Chebyshev) and kernel.is_concrete():
         side, r2 = _pair_sample(sources, targets)
         p = fam.order_for(eps, sources.dtype, kernel,
                           lambda n: _depth(n_src, n_tgt, dim, leaf_size, fam, n), side, r2)

@@ -38,18 +38,27 @@ class Kernel:
     def radial(self, r):
         raise NotImplementedError
 
+    def is_concrete(self) -> bool:
+        """Whether the kernel can be evaluated eagerly: its parameters, and
+        a Radial fn's closure, hold no tracers."""
+        if any(isinstance(v, Tracer) for v in jax.tree_util.tree_leaves(self)):
+            return False
+        try:
+            with jax.ensure_compile_time_eval():
+                self.radial(jnp.ones((), jnp.float32))
+        except jax.errors.JAXTypeError:          # a Radial fn closing over a tracer
+            return False
+        return True
+
     def at_zero(self, dtype):
         """K(0) for smooth kernels (the value a pair at distance 0 adds).
 
-        Evaluated eagerly where the kernel's parameters are concrete: inside
-        a Pallas kernel, arithmetic on a literal (-0 for Linear) does not
-        lower to Triton (jax 0.10 and 0.11)."""
-        if not any(isinstance(v, Tracer) for v in jax.tree_util.tree_leaves(self)):
-            try:
-                with jax.ensure_compile_time_eval():
-                    return float(self.radial(jnp.zeros((), dtype)))
-            except jax.errors.ConcretizationTypeError:   # a Radial fn closing over a tracer
-                pass
+        Evaluated eagerly where the kernel is concrete: inside a Pallas
+        kernel, arithmetic on a literal (-0 for Linear) does not lower to
+        Triton (jax 0.10 and 0.11)."""
+        if self.is_concrete():
+            with jax.ensure_compile_time_eval():
+                return float(self.radial(jnp.zeros((), dtype)))
         return self.radial(jnp.zeros((), dtype))
 
     def cutoff(self, tol: float):

@@ -235,9 +235,10 @@ def far_field_error(kernel, dim: int, root_side: float, depth: int,
 # worst root box size, where the points are traced) and the tree's depth:
 # the smallest n in [min_order, max_estimated] with max(err phi, err grad /
 # GRADIENT_SLACK) <= eps / ESTIMATE_MARGIN. Measured over every kernel, 2D
-# and 3D, uniform and clustered points (docs/BENCHMARKS.md), the estimate
-# is above the measured error of phi (at most 1.08 of it) and 16x above that
-# of grad, so the rule keeps err phi <= 0.27 eps and err grad <= 3 eps.
+# and 3D, uniform and clustered points (docs/BENCHMARKS.md), the measured
+# error of phi is at most 1.08 times its estimate and that of grad at most
+# 0.06 times its own, so the rule keeps err phi <= 0.27 eps and err grad <=
+# 3 eps.
 # max_estimated: 2D saturates near 1e-13 (rounding) by n = 18; in 3D the
 # dense M2L matrices hold 317 n^6 values per level (7.6 GB in float64 at
 # n = 12).
