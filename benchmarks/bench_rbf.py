@@ -37,14 +37,14 @@ COMMON = [K.Gaussian(1.0), K.Gaussian(10.0), K.Multiquadric(1.0), K.InverseMulti
           K.Yukawa(2.0)]
 
 
-def chosen_order(x, kernel, eps, traced: bool) -> int:
-    """The order `jfmm.fmm` chooses for points x, concrete or traced."""
+def chosen(x, kernel, eps, traced: bool) -> tuple[str, int, int]:
+    """(family, order, depth) `jfmm.fmm` chooses for points x, concrete or traced."""
     if not traced:
-        return api._configure(x, None, kernel, eps, None, None, None)[3]
+        return tuple(api._configure(x, None, kernel, eps, None, None, None)[i] for i in (1, 3, 4))
     out = []
     jax.make_jaxpr(lambda a: out.append(api._configure(a, None, kernel, eps, None, None,
-                                                       None)[3]) or a)(x)
-    return out[0]
+                                                       None)) or a)(x)
+    return tuple(out[0][i] for i in (1, 3, 4))
 
 
 def main():
@@ -59,9 +59,10 @@ def main():
     ap.add_argument("--gather-bytes", type=int, default=None,
                     help="override jfmm.ops.translate.GATHER_BYTES (the M2L formulation)")
     ap.add_argument("--orders", choices=("points", "traced"), default="points",
-                    help="Chebyshev order chosen for these points (as an eager call or "
-                         "jfmm.plan does; the jitted call is given it) or inside jit, "
-                         "where the points are traced")
+                    help="family and order chosen for these points (jfmm.plan, then "
+                         "Plan.update and apply timed under jit) or inside jit, where the "
+                         "points are traced (jfmm.fmm timed under jit)")
+    ap.add_argument("--family", default=None, help="override the family (with --orders points)")
     args = ap.parse_args()
     if args.gather_bytes:
         translate.GATHER_BYTES = args.gather_bytes
@@ -82,21 +83,28 @@ def main():
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"N = {n:,} uniform, {dim}D, {args.dtype}, eps {eps:g}; direct timed at "
           f"N = {nd:,} and scaled by {scale:g}")
-    print("| kernel | order | fmm ms | first call s | direct ms (scaled) | speed-up | err phi | "
-          "err grad |\n|---|---|---|---|---|---|---|---|")
+    print("| kernel | family, order, depth | fmm ms | first call s | direct ms (scaled) | "
+          "speed-up | err phi | err grad |\n|---|---|---|---|---|---|---|---|")
     for k in kernels:
-        order = chosen_order(xd, k, eps, traced=args.orders == "traced")
-        given = None if args.orders == "traced" else order
-        f = jax.jit(lambda a, c, k=k, p=given: jfmm.fmm(a, c, kernel=k, eps=eps, gradient=True,
-                                                       order=p))
+        fam, order, depth = chosen(xd, k, eps, traced=args.orders == "traced")
+        if args.orders == "traced":
+            f = jax.jit(lambda a, c, k=k: jfmm.fmm(a, c, kernel=k, eps=eps, gradient=True))
+            timed = (xd, qd)
+        else:
+            # The choices made eagerly for these points (as jfmm.fmm does),
+            # the tree rebuilt and the sum evaluated inside jit.
+            pl = jfmm.plan(xd, kernel=k, eps=eps, family=args.family)
+            fam, order, depth = pl.family, pl.p, pl.tree.depth
+            f = jax.jit(lambda p_, a, c: p_.update(a).apply(c, gradient=True))
+            timed = (pl, xd, qd)
         t0 = time.perf_counter()
-        phi, grad = jax.block_until_ready(f(xd, qd))
+        phi, grad = jax.block_until_ready(f(*timed))
         first = time.perf_counter() - t0
-        t = median_time(f, xd, qd, repeats=args.repeats)
+        t = median_time(f, *timed, repeats=args.repeats)
         d = jax.jit(lambda a, c, k=k: jfmm.direct(a, c, kernel=k, gradient=True))
         td = median_time(d, xd[:nd], qd[:nd], repeats=3) * scale
         ref, gref = jfmm.direct(x64, q64, x64[s], kernel=k, gradient=True)
-        print(f"| {label(k)} | {order} | **{t * 1e3:.2f}** | {first:.1f} | {td * 1e3:.0f} | "
+        print(f"| {label(k)} | {fam}, {order}, {depth} | **{t * 1e3:.2f}** | {first:.1f} | {td * 1e3:.0f} | "
               f"{td / t:.0f}x | {rel(phi[s], ref):.2e} | {rel(grad[s], gref):.2e} |", flush=True)
 
 

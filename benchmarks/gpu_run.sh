@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z; sessions 8-12 used e-i, k-z)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z or fgt; sessions 8-12 used e-i, k-z, session 13 fgt)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -189,6 +189,14 @@ case "$1" in
   c)
     $b --nmin 14 --nmax 20 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 65536 2>&1 | tee "$out/f64_cube.md"
     $b --n 65536 --dist plummer --dtype float32 --eps 1e-5 --repeats 3 2>&1 | tee "$out/f32_plummer.md"
+    ;;
+  fgt)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"
+    $r --dim 3 --dtype float64 --eps 1e-6 --kernels 0,1,2 2>&1 | tee "$out/fgt3_f64.md"
+    $r --dim 3 --dtype float64 --eps 1e-6 --kernels 1,2 --family chebyshev --direct-n 65536 2>&1 | tail -2 | tee -a "$out/fgt3_f64.md"
+    $r --dim 3 --dtype float32 --eps 1e-4 --kernels 0,1,2 2>&1 | tee "$out/fgt3_f32.md"
+    $r --dim 2 --dtype float64 --eps 1e-6 --kernels 0,1,2 2>&1 | tee "$out/fgt2_f64.md"
+    $r --dim 2 --dtype float32 --eps 1e-4 --kernels 1,2 2>&1 | tee "$out/fgt2_f32.md"
     ;;
   z)
     # Session 12: Chebyshev orders from the error estimate (per kernel and points).

@@ -13,7 +13,7 @@ from jfmm import fmm as _fmm
 from jfmm import kernels as _kernels
 from jfmm import primitive as _primitive
 from jfmm import tree as _tree
-from jfmm.ops import backend, chebyshev
+from jfmm.ops import backend, chebyshev, hermite
 
 
 # ------------------------------------------------------------------ checks
@@ -160,41 +160,102 @@ def _depth(n_src, n_tgt, dim, leaf_size, family, p):
 
 
 def _pair_sample(sources, targets, count: int = 4096):
-    """(root box side, squared distances of `count` sample (target, source)
-    pairs) of concrete points, or (None, None) where they are traced."""
+    """The root box and `count` sample (source, target) pairs of concrete
+    points (`jfmm.ops.hermite.Sample`, float64), or None where they are
+    traced."""
     pts = [sources] + ([] if targets is None else [targets])
     if not all(_concrete(x) for x in pts):
-        return None, None
+        return None
     tgt = sources if targets is None else targets
     rng = np.random.default_rng(0)
     with jax.ensure_compile_time_eval():
-        _, side = _tree.root_box(sources if targets is None else jnp.concatenate(pts))
+        lo, side = _tree.root_box(sources if targets is None else jnp.concatenate(pts))
         x = np.asarray(sources[rng.integers(0, sources.shape[0], count)], np.float64)
         y = np.asarray(tgt[rng.integers(0, tgt.shape[0], count)], np.float64)
-    return float(side), np.sum((y - x) ** 2, axis=-1)
+    return hermite.Sample(np.asarray(lo, np.float64), float(side), x, y)
 
 
 def _configure(sources, targets, kernel, eps, leaf_size, order, family):
-    """The static choices of `fmm` and `plan` for prepared points: eps (resolved),
-    the family choice and its family object, the order p and the tree depth.
+    """The static choices of `fmm` and `plan` for prepared points: eps
+    (resolved), the family choice (a `jfmm.fmm.FAMILIES` name or "near")
+    and its family object, the order p and the tree depth.
 
-    The Chebyshev order comes from its error estimate for this kernel and
-    these points where the kernel's parameters are concrete
+    "auto" for a Gaussian with concrete epsilon and points: the near field
+    alone where it suffices (`_near_only`), else the fast Gauss transform
+    where its plan meets eps (its depth is the transform's grid level), else
+    Chebyshev. The Chebyshev order comes from its error estimate for this
+    kernel and these points where the kernel's parameters are concrete
     (`Chebyshev.order_for`; the worst root box size where the points are
     traced), else from the family's worst-case rule."""
-    n_src, dim = sources.shape
-    n_tgt = n_src if targets is None else targets.shape[0]
+    dim = sources.shape[1]
     eps = _resolve_eps(eps, sources.dtype)
     family = _check_family(family)
+    gauss = _gauss_plan(sources, targets, kernel, eps, order, family)
+    if family == "hermite":
+        return eps, family, _fmm.gauss_family(dim), gauss.order, gauss.level
+    try:
+        fam, p, depth = _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order,
+                                              family)
+    except ValueError:
+        if gauss is None:
+            raise
+        fam = None
+    if fam is not None and family == "auto" and _near_only(kernel, sources, targets, eps,
+                                                           depth):
+        return eps, "near", None, p, depth
+    if gauss is not None:
+        return eps, "hermite", _fmm.gauss_family(dim), gauss.order, gauss.level
+    return eps, family, fam, p, depth
+
+
+def _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order, family):
+    """(family object, order, depth) of the FMM families for `family`
+    ("auto" or "chebyshev")."""
+    n_src, dim = sources.shape
+    n_tgt = n_src if targets is None else targets.shape[0]
     fam = _fmm.family_for(kernel, dim, family)
     if order is None and isinstance(fam, chebyshev.Chebyshev) and kernel.is_concrete():
-        side, r2 = _pair_sample(sources, targets)
+        sample = _pair_sample(sources, targets)
+        side, r2 = (None, None) if sample is None else (
+            sample.side, np.sum((sample.y - sample.x) ** 2, axis=-1))
         p = fam.order_for(eps, sources.dtype, kernel,
                           lambda n: _depth(n_src, n_tgt, dim, leaf_size, fam, n), side, r2)
     else:
         p = _order(fam, eps, sources.dtype, order)
-    depth = _depth(n_src, n_tgt, dim, leaf_size, fam, p)
-    return eps, family, fam, p, depth
+    return fam, p, _depth(n_src, n_tgt, dim, leaf_size, fam, p)
+
+
+def _gauss_plan(sources, targets, kernel, eps, order, family):
+    """The fast Gauss transform's (level, order) for these points
+    (`GaussTransform.plan`), or None where "auto" should use another
+    family: not a Gaussian, traced epsilon or points, an order given, or no
+    plan meets eps. family="hermite" raises instead."""
+    if family not in ("auto", "hermite"):
+        return None
+    dim = sources.shape[1]
+    explicit = family == "hermite"
+    if explicit:
+        _fmm.family_for(kernel, dim, family)            # raises unless a Gaussian
+    elif not isinstance(kernel, _kernels.Gaussian) or order is not None:
+        return None
+    sample = _pair_sample(sources, targets) if kernel.is_concrete() else None
+    if sample is None:
+        if explicit:
+            raise ValueError("family 'hermite' needs concrete points and epsilon (its grid "
+                             "and order depend on their values): call it outside jit, or "
+                             "use family='chebyshev'")
+        return None
+    fgt = _fmm.gauss_family(dim)
+    if order is not None:
+        _order(fgt, eps, sources.dtype, order)                  # range check
+    n_points = sources.shape[0] + (0 if targets is None else targets.shape[0])
+    choice = fgt.plan(eps, sources.dtype, float(kernel.epsilon), sample, n_points, order)
+    if choice is None and explicit:
+        raise ValueError(f"eps={eps:g} is below what the fast Gauss transform reaches for "
+                         f"{kernel} on these points (order <= {hermite.MAX_ORDER}, grid of at "
+                         f"most {hermite.GRID_VALUES} coefficients); use family='chebyshev' "
+                         f"or a larger eps")
+    return choice
 
 
 def _near_only(kernel, sources, targets, eps, depth) -> bool:
@@ -262,8 +323,6 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     eps, family, _, p, depth = _configure(sources, targets, kernel, eps, leaf_size, order,
                                           family)
-    if family == "auto" and _near_only(kernel, sources, targets, eps, depth):
-        family = "near"
     phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient,
                          backend.current(), family)
     return _finish(phi, grad, squeeze, gradient)
@@ -346,6 +405,6 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
                                             family)
     tree = _build_jit(sources, targets, depth)
     ops = None
-    if depth >= 2:
+    if depth >= 2 and fam is not None:
         ops = _fmm.operators(fam, p, sources.shape[1], sources.dtype)
     return Plan(tree, kernel, ops, p, eps, family)

@@ -15,11 +15,11 @@ import functools
 import jax.numpy as jnp
 
 from jfmm import kernels
-from jfmm.ops import backend, chebyshev, laplace2d, laplace3d, translate
+from jfmm.ops import backend, chebyshev, hermite, laplace2d, laplace3d, translate
 from jfmm.tree import Tree, lists
 
 
-FAMILIES = ("auto", "chebyshev")
+FAMILIES = ("auto", "chebyshev", "hermite")
 
 
 def family_for(kernel: kernels.Kernel, dim: int, choice: str = "auto"):
@@ -27,14 +27,21 @@ def family_for(kernel: kernels.Kernel, dim: int, choice: str = "auto"):
 
     choice "auto": the spherical-harmonic family for 3D Laplace, complex
     series for 2D Laplace, Chebyshev interpolation (kernel-independent) for
-    every other kernel; "chebyshev": Chebyshev for every kernel; "near":
-    None, the near field alone (chosen by jfmm.api where the kernel is
-    negligible between non-adjacent leaves).
+    every other kernel; "chebyshev": Chebyshev for every kernel; "hermite":
+    the fast Gauss transform (Gaussian kernels only; jfmm.api chooses it
+    for "auto" where its plan meets eps); "near": None, the near field alone
+    (chosen by jfmm.api where the kernel is negligible between non-adjacent
+    leaves).
     """
     if choice == "near":
         return None
     if choice not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {choice!r}")
+    if choice == "hermite":
+        if not isinstance(kernel, kernels.Gaussian):
+            raise ValueError(f"family 'hermite' (the fast Gauss transform) sums the Gaussian "
+                             f"kernel only, got {type(kernel).__name__}")
+        return gauss_family(dim)
     if choice == "auto" and isinstance(kernel, kernels.Laplace3D):
         return laplace3d
     if choice == "auto" and isinstance(kernel, kernels.Laplace2D):
@@ -46,6 +53,12 @@ def family_for(kernel: kernels.Kernel, dim: int, choice: str = "auto"):
 def chebyshev_family(dim: int):
     """One Chebyshev family object per dimension (static: used as a cache key)."""
     return chebyshev.Chebyshev(dim, **chebyshev.RULES[dim])
+
+
+@functools.lru_cache(maxsize=None)
+def gauss_family(dim: int):
+    """One fast Gauss transform object per dimension (static)."""
+    return hermite.GaussTransform(dim)
 
 
 def operators(family, p: int, dim: int, dtype):
@@ -84,6 +97,9 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
     mode: the backend of the near field, P2M, M2L and L2P (jfmm.ops.backend).
     """
     q_sorted = charges[tree.src_perm]
+    if isinstance(family, hermite.GaussTransform):
+        phi, grad = gauss_transform(tree, q_sorted, kernel, family, p, gradient, mode)
+        return _caller_order(tree, phi, grad, gradient)
     near = lists.neighbors(tree.depth, tree.dim)
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, gradient, mode)
@@ -97,6 +113,29 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
                                   gradient, mode)
         phi = phi + fphi
         grad = grad + fgrad if gradient else None
+    return _caller_order(tree, phi, grad, gradient)
+
+
+def gauss_transform(tree: Tree, q_sorted, kernel: kernels.Gaussian, family, p: int,
+                    gradient: bool, mode: str = "jnp"):
+    """The fast Gauss transform on the tree's leaves (jfmm.ops.hermite):
+    Hermite moments of every leaf, translated to Taylor coefficients of
+    every leaf, evaluated at the targets. phi (M, K), grad (M, K, d) or
+    None, Morton order."""
+    eps = jnp.asarray(kernel.epsilon, tree.src_sorted.dtype)
+    h = tree.box_side(tree.depth)
+    s = (tree.src_sorted - tree.leaf_centers(tree.src_leaf)) * eps
+    herm = backend.p2m(family, s, q_sorted, tree.src_start, tree.src_leaf, p, mode)
+    loc = family.h2l(herm, eps * h, tree.depth, p)
+    t = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) * eps
+    coef = family.l2p_coefficients(loc, p, gradient)
+    return backend.l2p(family, t, coef, tree.tgt_start, tree.tgt_leaf, 1 / eps, p, gradient,
+                       mode)
+
+
+def _caller_order(tree: Tree, phi, grad, gradient: bool):
+    """Results in Morton order -> the caller's target order, NaN where the
+    tree holds non-finite coordinates."""
     inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(
         jnp.arange(tree.tgt_perm.shape[0], dtype=tree.tgt_perm.dtype))
     nan = jnp.asarray(jnp.nan, phi.dtype)
