@@ -1,4 +1,6 @@
-"""Any radial kernel through the FMM (Chebyshev family) against the float64
+"""Any radial kernel through jfmm.fmm (Chebyshev family; Gaussians through
+the fast Gauss transform where it is chosen, see test_gauss_transform.py)
+against the float64
 direct sum: potential, gradient, targets = and != sources, uniform and
 clustered points, several shape parameters, eps sweeps, and gradients with
 respect to kernel parameters."""
@@ -20,11 +22,12 @@ CASES = [K.Gaussian(0.7), K.Gaussian(3.0), K.Multiquadric(1.0), K.InverseMultiqu
          K.Yukawa(2.0), K.Radial(lambda r: jnp.cos(r) / (1 + r * r))]
 
 
-def _check(kernel, dim, kind, separate, eps, rng, n=900):
+def _check(kernel, dim, kind, separate, eps, rng, n=900, family=None):
     x = points(kind, n, rng, dim)
     q = charges(n, rng)
     y = points(kind, 300, rng, dim) if separate else None
-    phi, grad = jfmm.fmm(x, q, y, kernel=kernel, eps=eps, gradient=True, leaf_size=16)
+    phi, grad = jfmm.fmm(x, q, y, kernel=kernel, eps=eps, gradient=True, leaf_size=16,
+                         family=family)
     ref, gref = jfmm.direct(x, q, y, kernel=kernel, gradient=True)
     assert rel(phi, ref) <= eps, rel(phi, ref)
     assert rel(grad, gref) <= 10 * eps, rel(grad, gref)
@@ -83,7 +86,7 @@ def test_3d_beyond_the_worst_case_rule(kernel, kind, rng):
     fam = driver.chebyshev_family(3)
     with pytest.raises(ValueError, match="reaches"):
         fam.order(1e-8, np.float64)
-    _check(kernel, 3, kind, False, 1e-8, rng, n=700)
+    _check(kernel, 3, kind, False, 1e-8, rng, n=700, family="chebyshev")
 
 
 def test_estimated_order_under_jit(rng):
@@ -114,7 +117,7 @@ def test_unreachable_eps_and_wrong_dimension_raise(rng):
         jfmm.fmm(x3, q, kernel=K.Gaussian(1.0), eps=1e-14)
     with pytest.raises(ValueError, match="reaches"):   # no order reaches it here
         jfmm.fmm(points("cube", 3000, rng, 3), charges(3000, rng), kernel=K.Gaussian(12.0),
-                 eps=1e-11, leaf_size=16)
+                 eps=1e-11, leaf_size=16, family="chebyshev")
     with pytest.raises(ValueError, match=r"shape \(n, 2\)"):
         jfmm.fmm(x3, q, kernel=K.Laplace2D())
     with pytest.raises(ValueError, match=r"shape \(n, 3\)"):
@@ -155,7 +158,7 @@ def test_family_override(kernel, dim, rng):
 def test_narrow_gaussian_near_field_only(dim, rng, monkeypatch):
     """A Gaussian below 0.1 eps within one leaf side skips the expansions
     (the downward pass is never called) and still meets eps; a wider one
-    does not skip them."""
+    gets the fast Gauss transform, or with family="chebyshev" the FMM."""
     x, q = points("cube", 1500, rng, dim), charges(1500, rng)
     y = points("sphere", 400, rng, dim)      # in the unit box (clusters have far outliers)
     narrow, wide = K.Gaussian(300.0), K.Gaussian(3.0)
@@ -167,7 +170,8 @@ def test_narrow_gaussian_near_field_only(dim, rng, monkeypatch):
     phi, grad = jfmm.fmm(x, q, y, kernel=narrow, eps=1e-6, gradient=True, leaf_size=16)
     assert not calls
     assert rel(phi, ref) <= 1e-6 and rel(grad, gref) <= 1e-5
-    jfmm.fmm(x, q, y, kernel=wide, eps=1e-4, leaf_size=16)
+    assert jfmm.plan(x, y, kernel=wide, eps=1e-4, leaf_size=16).family == "hermite"
+    jfmm.fmm(x, q, y, kernel=wide, eps=1e-4, leaf_size=16, family="chebyshev")
     assert calls
     with pytest.raises(ValueError, match="family must be one of"):
         jfmm.fmm(x, q, kernel=narrow, family="near")

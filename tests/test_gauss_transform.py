@@ -1,0 +1,126 @@
+"""The fast Gauss transform (family "hermite") against the float64 direct
+sum: 2D and 3D, uniform, sphere and clustered points, targets = and !=
+sources, several widths, float32 and float64; its derivatives; and its
+automatic choice."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import charges, points, rel
+from numpy.polynomial import hermite as nph
+
+import jfmm
+from jfmm import api
+from jfmm import kernels as K
+from jfmm.ops import hermite
+
+
+def test_normalized_hermite_functions():
+    """The recurrence against numpy's Hermite polynomials H_n."""
+    x = np.linspace(-6, 6, 41)
+    got = hermite.normalized_hermite(x, 30)
+    for n in range(30):
+        h = np.exp(-x * x) * nph.hermval(x, np.eye(30)[n])
+        want = h / np.sqrt(2.0 ** n * float(np.prod(np.arange(1, n + 1, dtype=float))))
+        np.testing.assert_allclose(got[n], want, rtol=1e-9, atol=1e-12)
+
+
+def test_series_of_one_pair_converges_to_the_gaussian(rng):
+    s, t = rng.uniform(-0.5, 0.5, 2)
+    for dd in (0.0, 1.0, -2.0, 4.0):
+        approx, dapprox = hermite._series_1d(s, t, dd, 20)
+        u = dd + t - s
+        assert abs(approx[-1] - np.exp(-u * u)) < 1e-12
+        assert abs(dapprox[-1] + 2 * u * np.exp(-u * u)) < 1e-11
+        assert abs(approx[3] - np.exp(-u * u)) > abs(approx[-1] - np.exp(-u * u))
+
+
+CASES = [  # dim, kind, separate, epsilon, eps, dtype
+    (2, "cube", False, 0.5, 1e-10, np.float64),
+    (2, "cluster", True, 0.2, 1e-6, np.float64),   # clusters span [-10, 10]
+    (2, "sphere", True, 15.0, 1e-4, np.float32),
+    (3, "sphere", False, 2.0, 1e-8, np.float64),
+    (3, "cluster", True, 0.3, 1e-5, np.float32),
+    (3, "cube", True, 8.0, 1e-6, np.float64),
+]
+
+
+@pytest.mark.parametrize("dim,kind,separate,epsilon,eps,dtype", CASES)
+def test_matches_direct(dim, kind, separate, epsilon, eps, dtype, rng):
+    n = 1500
+    x, q = points(kind, n, rng, dim), charges(n, rng)
+    y = points("cube", 400, rng, dim) * 1.2 - 0.1 if separate else None
+    kern = K.Gaussian(epsilon)
+    cast = [None if a is None else np.asarray(a, dtype) for a in (x, q, y)]
+    assert jfmm.plan(cast[0], cast[2], kernel=kern, eps=eps).family == "hermite"
+    phi, grad = jfmm.fmm(*cast, kernel=kern, eps=eps, gradient=True)
+    assert phi.dtype == dtype
+    ref, gref = jfmm.direct(*[None if a is None else np.asarray(a, np.float64) for a in cast],
+                            kernel=kern, gradient=True)
+    assert rel(phi, ref) <= eps, rel(phi, ref)
+    assert rel(grad, gref) <= 10 * eps, rel(grad, gref)
+
+
+def test_derivatives(rng):
+    """jax.grad in points and charges (the transposed transform), forward
+    mode in the targets, and d/d epsilon through a plan's kernel."""
+    x, q, y = points("cube", 600, rng, 3), charges(600, rng), points("sphere", 200, rng, 3)
+    w = jnp.asarray(rng.normal(size=200))
+    kern, eps = K.Gaussian(3.0), 1e-8
+
+    def loss(f, a, c, b, **kw):
+        return jnp.sum(w * f(a, c, b, kernel=kern, **kw))
+
+    got = jax.grad(lambda a, c, b: loss(jfmm.fmm, a, c, b, eps=eps), (0, 1, 2))(x, q, y)
+    want = jax.grad(lambda a, c, b: loss(jfmm.direct, a, c, b), (0, 1, 2))(x, q, y)
+    for g, h in zip(got, want):
+        assert rel(g, np.asarray(h)) <= 10 * eps
+    v = rng.normal(size=y.shape)
+    got = jax.jvp(lambda b: jfmm.fmm(x, q, b, kernel=kern, eps=eps), (y,), (v,))[1]
+    want = jax.jvp(lambda b: jfmm.direct(x, q, b, kernel=kern), (y,), (v,))[1]
+    assert rel(got, np.asarray(want)) <= 10 * eps
+    pl = jfmm.plan(x, y, kernel=kern, eps=eps)
+    assert pl.family == "hermite"
+    de = jax.grad(lambda e: jnp.sum(w * dataclasses.replace(pl, kernel=K.Gaussian(e)).apply(q)))
+    dd = jax.grad(lambda e: jnp.sum(w * jfmm.direct(x, q, y, kernel=K.Gaussian(e))))
+    assert abs(de(3.0) - dd(3.0)) <= 10 * eps * abs(dd(3.0))
+
+
+def test_plan_update_and_vmap_under_jit(rng):
+    """A plan made outside jit keeps the transform for new points inside it;
+    vmap over charge sets is one call."""
+    x, x2 = points("cube", 800, rng, 2), points("cube", 800, rng, 2)
+    qs = charges(800, rng, k=3)
+    kern = K.Gaussian(4.0)
+    pl = jfmm.plan(x, kernel=kern, eps=1e-7)
+    phi = jax.jit(lambda p_, a, c: jax.vmap(p_.update(a).apply, in_axes=1, out_axes=1)(c))(
+        pl, x2, qs)
+    assert rel(phi, jfmm.direct(x2, qs, kernel=kern)) <= 1e-7
+
+
+def test_choice_and_errors(rng):
+    x, q = points("cube", 500, rng, 3), charges(500, rng)
+    cfg = lambda a, k, **kw: api._configure(jnp.asarray(a), None, k, kw.pop("eps", 1e-6),  # noqa: E731
+                                            None, kw.pop("order", None), kw.pop("family", None))
+    assert cfg(x, K.Gaussian(1.0))[1] == "hermite"
+    assert cfg(x, K.Gaussian(1.0), family="chebyshev")[1] == "chebyshev"
+    assert cfg(x, K.Gaussian(1.0), order=6)[1] == "auto"          # an order given: Chebyshev
+    assert cfg(x, K.Gaussian(1.0), order=6, family="hermite")[3] == 6
+    # Too narrow for the transform's grid budget, too wide for the near field.
+    assert cfg(x * 1e3, K.Gaussian(1.0))[1] == "auto"
+    # Traced points: the grid level is unknown, so Chebyshev; "hermite" raises.
+    jax.make_jaxpr(lambda a: jnp.asarray(cfg(a, K.Gaussian(1.0))[1] == "auto"))(x)
+    with pytest.raises(ValueError, match="concrete points"):
+        jax.jit(lambda a: jfmm.fmm(a, q, kernel=K.Gaussian(1.0), family="hermite"))(x)
+    with pytest.raises(ValueError, match="Gaussian kernel only"):
+        jfmm.fmm(x, q, kernel=K.Multiquadric(1.0), family="hermite")
+    with pytest.raises(ValueError, match="reaches"):
+        jfmm.fmm(x, q, kernel=K.Gaussian(1.0), eps=1e-13, family="hermite")
+    with pytest.raises(ValueError, match="reaches"):
+        jfmm.fmm(np.float32(x), np.float32(q), kernel=K.Gaussian(1.0), eps=1e-6)
+    pl = jfmm.plan(x, kernel=K.Gaussian(1.0), eps=1e-6)
+    xn = x.copy()
+    xn[3, 0] = np.nan
+    assert np.isnan(jax.jit(lambda p_, a: p_.update(a).apply(q))(pl, xn)).all()
