@@ -2,8 +2,9 @@
 
     python benchmarks/bench_rbf.py --n 1048576 --dim 3 --dtype float32 --eps 1e-4
 
-Per kernel: the median time of the jitted fmm() with potential and gradient
-(tree build included, after compilation), the first call, and the relative
+Per kernel: the median time of the jitted sum with potential and gradient
+(tree build included, after compilation; the tree build alone beside it),
+the first eager jfmm.fmm call (choices, compilation and run), and the relative
 L2 error of potential and gradient on 1,000 sampled targets against a
 float64 direct sum of the same rounded inputs. The direct sum (potential and
 gradient, same backend) is timed at --direct-n points and scaled by
@@ -63,6 +64,8 @@ def main():
                          "Plan.update and apply timed under jit) or inside jit, where the "
                          "points are traced (jfmm.fmm timed under jit)")
     ap.add_argument("--family", default=None, help="override the family (with --orders points)")
+    ap.add_argument("--order", type=int, default=None,
+                    help="override the order (with --orders points)")
     args = ap.parse_args()
     if args.gather_bytes:
         translate.GATHER_BYTES = args.gather_bytes
@@ -83,8 +86,8 @@ def main():
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"N = {n:,} uniform, {dim}D, {args.dtype}, eps {eps:g}; direct timed at "
           f"N = {nd:,} and scaled by {scale:g}")
-    print("| kernel | family, order, depth | fmm ms | first call s | direct ms (scaled) | "
-          "speed-up | err phi | err grad |\n|---|---|---|---|---|---|---|---|")
+    print("| kernel | family, order, depth | fmm ms | tree ms | first call s | direct ms (scaled) "
+          "| speed-up | err phi | err grad |\n|---|---|---|---|---|---|---|---|---|")
     for k in kernels:
         fam, order, depth = chosen(xd, k, eps, traced=args.orders == "traced")
         if args.orders == "traced":
@@ -93,18 +96,23 @@ def main():
         else:
             # The choices made eagerly for these points (as jfmm.fmm does),
             # the tree rebuilt and the sum evaluated inside jit.
-            pl = jfmm.plan(xd, kernel=k, eps=eps, family=args.family)
+            pl = jfmm.plan(xd, kernel=k, eps=eps, family=args.family, order=args.order)
             fam, order, depth = pl.family, pl.p, pl.tree.depth
             f = jax.jit(lambda p_, a, c: p_.update(a).apply(c, gradient=True))
             timed = (pl, xd, qd)
-        t0 = time.perf_counter()
-        phi, grad = jax.block_until_ready(f(*timed))
+        t0 = time.perf_counter()     # an eager call: choices, compilation, run
+        jax.block_until_ready(jfmm.fmm(xd, qd, kernel=k, eps=eps, gradient=True,
+                                       family=args.family, order=args.order))
         first = time.perf_counter() - t0
+        phi, grad = jax.block_until_ready(f(*timed))
         t = median_time(f, *timed, repeats=args.repeats)
+        tree = jax.jit(lambda a, depth=depth: api._tree.build(a, None, depth))
+        t_tree = median_time(tree, xd, repeats=args.repeats)
         d = jax.jit(lambda a, c, k=k: jfmm.direct(a, c, kernel=k, gradient=True))
         td = median_time(d, xd[:nd], qd[:nd], repeats=3) * scale
         ref, gref = jfmm.direct(x64, q64, x64[s], kernel=k, gradient=True)
-        print(f"| {label(k)} | {fam}, {order}, {depth} | **{t * 1e3:.2f}** | {first:.1f} | {td * 1e3:.0f} | "
+        print(f"| {label(k)} | {fam}, {order}, {depth} | **{t * 1e3:.2f}** | {t_tree * 1e3:.2f} | "
+              f"{first:.1f} | {td * 1e3:.0f} | "
               f"{td / t:.0f}x | {rel(phi[s], ref):.2e} | {rel(grad[s], gref):.2e} |", flush=True)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z or fgt; sessions 8-12 used e-i, k-z, session 13 fgt)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -197,6 +197,24 @@ case "$1" in
     $r --dim 3 --dtype float32 --eps 1e-4 --kernels 0,1,2 2>&1 | tee "$out/fgt3_f32.md"
     $r --dim 2 --dtype float64 --eps 1e-6 --kernels 0,1,2 2>&1 | tee "$out/fgt2_f64.md"
     $r --dim 2 --dtype float32 --eps 1e-4 --kernels 1,2 2>&1 | tee "$out/fgt2_f32.md"
+    ;;
+  fgt2)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"
+    $r --dim 3 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
+    for p in 7 8 9; do
+      $r --dim 3 --dtype float64 --eps 1e-6 --kernels 10 --order $p 2>&1 | tail -1
+    done | tee "$out/yukawa_orders.md"
+    ;;
+  fgt3)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"
+    $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2_f64.md"
+    $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3_f32.md"
+    ;;
+  fgt4)
+    $py benchmarks/plan_probe.py float32 1e-4 2>&1 | tee "$out/plan_probe.md"
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"
+    $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3_f32.md"
+    $r --dim 2 --dtype float32 --eps 1e-4 --kernels 1,2 2>&1 | tee "$out/rbf2_f32.md"
     ;;
   z)
     # Session 12: Chebyshev orders from the error estimate (per kernel and points).

@@ -315,9 +315,18 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     points' extent only for kernels with a length scale; `Plan.update`
     keeps the plan's order. Smallest eps: 3D Laplace 8.4e-11, 2D Laplace
     4.8e-14; float32 3e-6 everywhere. family="chebyshev" overrides
-    the choice (any kernel; None or "auto" chooses as above). With "auto", a
-    Gaussian so narrow that it falls below 0.1 eps within one leaf side is
-    summed over neighbouring leaves alone (no expansions).
+    the choice (any kernel; None or "auto" chooses as above).
+
+    Gaussians (concrete epsilon and points, no `order`): one so narrow
+    that it falls below 0.1 eps within one leaf side is summed over
+    neighbouring leaves alone (no expansions); otherwise the fast Gauss
+    transform (`jfmm.ops.hermite`: Hermite expansions on one grid level,
+    no near field) where its error estimate meets eps within its grid
+    budget, else Chebyshev. family="hermite" asks for the transform (it
+    raises where no plan meets eps). Inside jit with traced points the
+    transform's grid level cannot be chosen, so a Gaussian gets Chebyshev:
+    to keep the transform under jit, make a plan outside it (`plan`) and
+    call `Plan.update(points)` and `Plan.apply` inside.
     """
     _check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
@@ -399,7 +408,10 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
          order=None, family=None):
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`."""
     _check_eps(eps)
-    dummy = jnp.zeros(jnp.shape(sources)[:1])
+    # float32 charges: the plan's dtype is the points' (float64 only for
+    # float64 points, even with jax_enable_x64, where jnp.zeros would be
+    # float64 and promote float32 points).
+    dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)
     sources, _, targets, _ = _prepare(sources, dummy, targets, kernel)
     eps, family, fam, p, depth = _configure(sources, targets, kernel, eps, leaf_size, order,
                                             family)

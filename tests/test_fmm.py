@@ -124,6 +124,12 @@ def test_plan_apply_and_update(rng):
     pl2 = jax.jit(lambda p_, a, b: p_.update(a, b))(pl, x2, y2)
     q1 = charges(1500, rng)
     assert rel(pl2.apply(q1), reference(x2, q1, y2)[0]) <= 1e-8
+    # float32 points make a float32 plan (jax_enable_x64 is on here).
+    pl32 = jfmm.plan(np.float32(x), eps=1e-4)
+    assert pl32.tree.src_sorted.dtype == np.float32
+    phi32 = pl32.apply(np.float32(q1))
+    assert phi32.dtype == np.float32
+    assert rel(phi32, reference(x, q1, dtype=np.float32)[0]) <= 1e-4
 
 
 def test_constant_arrays_captured_by_jit(rng):

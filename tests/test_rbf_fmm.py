@@ -1,9 +1,8 @@
 """Any radial kernel through jfmm.fmm (Chebyshev family; Gaussians through
 the fast Gauss transform where it is chosen, see test_gauss_transform.py)
-against the float64
-direct sum: potential, gradient, targets = and != sources, uniform and
-clustered points, several shape parameters, eps sweeps, and gradients with
-respect to kernel parameters."""
+against the float64 direct sum: potential, gradient, targets = and !=
+sources, uniform and clustered points, several shape parameters, eps sweeps,
+and gradients with respect to kernel parameters."""
 import importlib
 
 import jax

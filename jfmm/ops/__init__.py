@@ -6,7 +6,10 @@ l2l), m2l_matrices(ops, kernel, side, p) (the M2L matrices of a level whose
 boxes have side `side`), p2m(u, q, p), l2p_coefficients(loc, p, gradient)
 (per box, what L2P evaluates) and l2p(u, coef, h, p, gradient). Families:
 laplace3d (spherical harmonics, 3D Laplace), laplace2d (complex series, 2D
-Laplace) and chebyshev (interpolation, any kernel, 2D and 3D). Coordinates
+Laplace) and chebyshev (interpolation, any kernel, 2D and 3D); hermite (the
+fast Gauss transform) has the same P2M / L2P interface but one grid level
+and its own translation (`GaussTransform.h2l`, driven by
+jfmm.fmm.gauss_transform). Coordinates
 u are box-local and scaled by the box side h; the driver (jfmm.fmm) does the
 rest (jfmm.fmm.family_for picks the family). Hot operators have Pallas twins
 in ops/pallas, chosen by ops/backend.py.
