@@ -19,7 +19,7 @@ driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the func
 @pytest.mark.parametrize("dtype,eps,leaf", [(np.float64, 1e-10, 64), (np.float64, 1e-7, 12),
                                             (np.float32, 1e-5, 64), (np.float32, 1e-3, 12)])
 def test_accuracy_vs_direct(kind, dtype, eps, leaf, rng):
-    n = 3000
+    n = 2000
     x, q = points(kind, n, rng), charges(n, rng)
     phi, grad = jfmm.fmm(jnp.asarray(x, dtype), jnp.asarray(q, dtype), eps=eps,
                          gradient=True, leaf_size=leaf)
@@ -185,8 +185,7 @@ class _Counting:
         return loc[:, :, 0], None
 
 
-@pytest.mark.parametrize("kind", DISTRIBUTIONS)
-@pytest.mark.parametrize("depth", [2, 3, 4])
+@pytest.mark.parametrize("kind,depth", [("cube", 2), ("sphere", 3), ("cluster", 4)])
 def test_counting_fmm_covers_every_pair_once(kind, depth, rng):
     x, y = points(kind, 900, rng), points(kind, 400, rng)
     tree = build_tree(jnp.asarray(x), jnp.asarray(y), depth)
