@@ -122,14 +122,14 @@ def gauss_transform(tree: Tree, q_sorted, kernel: kernels.Gaussian, family, p: i
     Hermite moments of every leaf, translated to Taylor coefficients of
     every leaf, evaluated at the targets. phi (M, K), grad (M, K, d) or
     None, Morton order."""
-    eps = jnp.asarray(kernel.epsilon, tree.src_sorted.dtype)
+    scale = jnp.asarray(kernel.epsilon, tree.src_sorted.dtype)   # lengths -> scaled units
     h = tree.box_side(tree.depth)
-    s = (tree.src_sorted - tree.leaf_centers(tree.src_leaf)) * eps
+    s = (tree.src_sorted - tree.leaf_centers(tree.src_leaf)) * scale
     herm = backend.p2m(family, s, q_sorted, tree.src_start, tree.src_leaf, p, mode)
-    loc = family.h2l(herm, eps * h, tree.depth, p)
-    t = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) * eps
+    loc = family.h2l(herm, scale * h, tree.depth, p)
+    t = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) * scale
     coef = family.l2p_coefficients(loc, p, gradient)
-    return backend.l2p(family, t, coef, tree.tgt_start, tree.tgt_leaf, 1 / eps, p, gradient,
+    return backend.l2p(family, t, coef, tree.tgt_start, tree.tgt_leaf, 1 / scale, p, gradient,
                        mode)
 
 

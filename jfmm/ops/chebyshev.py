@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm.ops import rules
+from jfmm.ops import rules, tensor
 from jfmm.tree import lists
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -75,23 +75,15 @@ def basis(u, n: int, derivative: bool = False):
     return s, xp.stack(dt[:n], axis=-1) @ c
 
 
-def _tensor(factors):
-    """prod_a f_a[..., m_a] flattened over (m_0, ..., m_{d-1}), axis 0 slowest."""
-    out = factors[0]
-    for f in factors[1:]:
-        out = (out[..., :, None] * f[..., None, :]).reshape(out.shape[:-1] + (-1,))
-    return out
-
-
 def interpolation(u, n: int):
     """S_m(u) (N, n^d) at box-local points u (N, d): the P2M weights of unit
     charges, and the L2P evaluation."""
-    return _tensor([basis(u[:, a], n) for a in range(u.shape[1])])
+    return tensor.product([basis(u[:, a], n) for a in range(u.shape[1])])
 
 
 @functools.lru_cache(maxsize=None)
 def grid(n: int, dim: int) -> np.ndarray:
-    """(n^d, d) node coordinates in the order of `_tensor`."""
+    """(n^d, d) node coordinates in the order of `tensor.product`."""
     g = np.meshgrid(*([nodes(n)] * dim), indexing="ij")
     return np.stack([a.reshape(-1) for a in g], axis=-1)
 
@@ -401,11 +393,4 @@ class Chebyshev:
         if not gradient:
             return jnp.einsum("mkp,mp->mk", loc, interpolation(u, n), precision=HIGHEST), None
         pairs = [basis(u[:, a], n, derivative=True) for a in range(self.dim)]
-        s = [v for v, _ in pairs]
-        phi = jnp.einsum("mkp,mp->mk", loc, _tensor(s), precision=HIGHEST)
-        grad = jnp.stack([
-            jnp.einsum("mkp,mp->mk", loc,
-                       _tensor([pairs[b][1] if b == a else s[b] for b in range(self.dim)]),
-                       precision=HIGHEST)
-            for a in range(self.dim)], axis=-1) / h
-        return phi, grad
+        return tensor.evaluate(loc, pairs, h, gradient)

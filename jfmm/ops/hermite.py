@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jfmm.ops import tensor
 from jfmm.tree import morton
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -103,14 +104,6 @@ def _powers(x, p: int, derivative: bool = False):
         return out
     dpw = [jnp.zeros_like(x)] + [a * pw[a - 1] for a in range(1, p)]
     return out, jnp.stack(dpw, axis=-1)
-
-
-def _tensor(factors):
-    """prod_a f_a[..., m_a] flattened over (m_0, ..., m_(d-1)), axis 0 slowest."""
-    out = factors[0]
-    for f in factors[1:]:
-        out = (out[..., :, None] * f[..., None, :]).reshape(out.shape[:-1] + (-1,))
-    return out
 
 
 # ---------------------------------------------------------------- the plan
@@ -298,7 +291,7 @@ class GaussTransform:
     def p2m(self, u, q, p: int):
         """(N, K, p^d) per-source moments q s^a at scaled offsets u (N, d)
         from their box centres (the 1 / a! of A_a is in `axis_operator`)."""
-        mono = _tensor([_powers(u[:, a], p) for a in range(u.shape[1])])
+        mono = tensor.product([_powers(u[:, a], p) for a in range(u.shape[1])])
         return q[:, :, None] * mono[:, None, :]
 
     def h2l(self, herm, rho, level: int, p: int):
@@ -325,16 +318,6 @@ class GaussTransform:
         """phi (M, K) and grad (M, K, d) from per-target Taylor coefficients
         coef (M, K, 1, p^d) at scaled offsets u (M, d); h: the length unit
         of u (1 / epsilon)."""
-        loc = coef[:, :, 0, :]
-        if not gradient:
-            mono = _tensor([_powers(u[:, a], p) for a in range(self.dim)])
-            return jnp.einsum("mkp,mp->mk", loc, mono, precision=HIGHEST), None
-        pairs = [_powers(u[:, a], p, derivative=True) for a in range(self.dim)]
-        s = [v for v, _ in pairs]
-        phi = jnp.einsum("mkp,mp->mk", loc, _tensor(s), precision=HIGHEST)
-        grad = jnp.stack([
-            jnp.einsum("mkp,mp->mk", loc,
-                       _tensor([pairs[b][1] if b == a else s[b] for b in range(self.dim)]),
-                       precision=HIGHEST)
-            for a in range(self.dim)], axis=-1) / h
-        return phi, grad
+        pairs = [_powers(u[:, a], p, derivative=True) if gradient
+                 else (_powers(u[:, a], p), None) for a in range(self.dim)]
+        return tensor.evaluate(coef[:, :, 0, :], pairs, h, gradient)
