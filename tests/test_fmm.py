@@ -30,15 +30,14 @@ def test_accuracy_vs_direct(kind, dtype, eps, leaf, rng):
 
 
 
-@pytest.mark.parametrize("eps", [1e-8, 1e-10])
-def test_rare_slow_pair(eps):
+def test_rare_slow_pair():
     """A draw (found by CI) where one source-target pair near facing box
     corners converges at 0.69x per order: p = 30 gave 3.9e-10 for eps 1e-10.
     The order rule must cover such tails, not just the typical error."""
     rng = np.random.default_rng(301993070094320508013737250768825878688)
     x, q = points("cube", 3000, rng), charges(3000, rng)
-    phi = jfmm.fmm(x, q, eps=eps, leaf_size=64)
-    assert rel(phi, reference(x, q)[0]) <= eps
+    phi = jfmm.fmm(x, q, eps=1e-10, leaf_size=64)
+    assert rel(phi, reference(x, q)[0]) <= 1e-10
 
 @pytest.mark.parametrize("kind", DISTRIBUTIONS)
 def test_targets_differ_from_sources(kind, rng):
@@ -188,19 +187,21 @@ class _Counting:
 @pytest.mark.parametrize("kind,depth", [("cube", 2), ("sphere", 3), ("cluster", 4)])
 def test_counting_fmm_covers_every_pair_once(kind, depth, rng):
     x, y = points(kind, 900, rng), points(kind, 400, rng)
-    tree = build_tree(jnp.asarray(x), jnp.asarray(y), depth)
+    tree = jax.jit(build_tree, static_argnums=2)(jnp.asarray(x), jnp.asarray(y), depth)
     ops = _Counting.operators(1, lists.m2l_offsets(3), jnp.float64)
-    phi, _ = driver.evaluate(tree, jnp.ones((900, 1)), _One(), _Counting, 1, ops, False)
+    run = jax.jit(driver.evaluate, static_argnums=(3, 4, 6))     # compiled, not op by op
+    phi, _ = run(tree, jnp.ones((900, 1)), _One(), _Counting, 1, ops, False)
     np.testing.assert_array_equal(phi, 900.0)
 
 
 def test_chunked_p2m_l2p_match_direct(rng, monkeypatch):
     """Large jnp P2M / L2P passes run over chunks of points (memory O(N));
     forced here with a tiny budget, results and gradients match the direct
-    sum and an odd N pads the last chunk."""
+    sum and an odd N pads the last chunk. The budget is read when a call is
+    traced: sizes used by no other test make these calls trace afresh (and
+    keep their chunked executables to themselves)."""
     from jfmm.ops import backend
     monkeypatch.setattr(backend, "CHUNK_VALUES", 2 ** 15)
-    jax.clear_caches()
     x, y = points("cluster", 1001, rng), points("cube", 501, rng)
     q = charges(1001, rng)
     phi, grad = jfmm.fmm(x, q, y, eps=1e-6, gradient=True, leaf_size=16)
@@ -211,4 +212,3 @@ def test_chunked_p2m_l2p_match_direct(rng, monkeypatch):
     got = jax.grad(lambda a: loss(jfmm.fmm, a, eps=1e-6, leaf_size=16))(jnp.asarray(x))
     want = jax.grad(lambda a: loss(jfmm.direct, a))(jnp.asarray(x))
     assert rel(got, want) <= 1e-5
-    jax.clear_caches()

@@ -1,6 +1,8 @@
 """3D Laplace operators against direct evaluation, one at a time."""
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -76,18 +78,20 @@ def test_m2m_and_l2l_exact(rng):
     p = 10
     ops = L.operators(p, OFFS, jnp.float64)
     bits = lists.child_bits(3)
+    p2m = jax.jit(L.p2m, static_argnums=2)        # compiled once, not op by op
+    l2p = jax.jit(L.l2p, static_argnums=(3, 4))
     for c in range(8):
         zc = (bits[c] - 0.5) / 2  # parent of side 1 at the origin
         x = _box(rng, 40, zc, 0.5)
         q = jnp.asarray(charges(40, rng))[:, None]
-        mc = L.p2m(jnp.asarray((x - zc) / 0.5), q, p).sum(0)
-        mp = L.p2m(jnp.asarray(x), q, p).sum(0)
+        mc = p2m(jnp.asarray((x - zc) / 0.5), q, p).sum(0)
+        mp = p2m(jnp.asarray(x), q, p).sum(0)
         np.testing.assert_allclose(mc @ ops.m2m[c].T, mp, atol=1e-13)
         loc = jnp.asarray(rng.normal(size=(1, p * p)))
         lc = loc @ ops.l2l[c].T
         y = _box(rng, 30, zc, 0.5)
-        phi_p, _ = L.l2p(jnp.asarray(y), jnp.broadcast_to(loc, (30, 1, 1, p * p)), 1.0, p, False)
-        phi_c, _ = L.l2p(jnp.asarray((y - zc) / 0.5), jnp.broadcast_to(lc, (30, 1, 1, p * p)),
+        phi_p, _ = l2p(jnp.asarray(y), jnp.broadcast_to(loc, (30, 1, 1, p * p)), 1.0, p, False)
+        phi_c, _ = l2p(jnp.asarray((y - zc) / 0.5), jnp.broadcast_to(lc, (30, 1, 1, p * p)),
                          0.5, p, False)
         np.testing.assert_allclose(phi_c, phi_p, rtol=1e-11, atol=1e-11)
 
@@ -102,14 +106,17 @@ def test_m2l_error_falls_with_p(which, rng):
     w = -OFFS[which] * h  # target centre; source centre is the origin
     y = _box(rng, 40, w, h)
     ref, gref = _direct(y, x, q)
+
+    @functools.partial(jax.jit, static_argnums=0)    # one compile per p, not per op
+    def one(p, u, q, v):
+        ops = L.operators(p, OFFS, jnp.float64)
+        loc = L.p2m(u, q[:, None], p).sum(0) @ ops.m2l[which].T
+        coef = L.l2p_coefficients(loc[None], p, True)[0]
+        return L.l2p(v, jnp.broadcast_to(coef, (40,) + coef.shape), h, p, True)
+
     errs = []
     for p in (4, 8, 12, 16):
-        ops = L.operators(p, OFFS, jnp.float64)
-        m = L.p2m(jnp.asarray(x / h), jnp.asarray(q)[:, None], p).sum(0)
-        loc = m @ ops.m2l[which].T
-        coef = L.l2p_coefficients(loc[None], p, True)[0]
-        phi, grad = L.l2p(jnp.asarray((y - w) / h), jnp.broadcast_to(coef, (40,) + coef.shape),
-                          h, p, True)
+        phi, grad = one(p, jnp.asarray(x / h), jnp.asarray(q), jnp.asarray((y - w) / h))
         errs.append((rel(phi[:, 0], ref), rel(grad[:, 0], gref)))
     for (e0, g0), (e1, g1) in zip(errs, errs[1:]):
         assert e1 < 0.5 * e0 and g1 < 0.5 * g0
