@@ -379,7 +379,13 @@ class Plan:
         return _finish(phi, grad, squeeze, gradient)
 
     def update(self, sources, targets=None):
-        """Rebuild the tree for new points of the same shapes (jit-able)."""
+        """Rebuild the tree for new points of the same shapes (jit-able).
+
+        The family, order and depth stay the plan's, chosen for the points
+        it was made with: kernels with a length scale (Chebyshev's order,
+        the fast Gauss transform's grid level and order) keep their
+        accuracy for new points of about the same extent, not for points
+        spread much wider."""
         sources = _check_points("sources", sources, self.kernel.dims)
         if sources.shape != self.tree.src_sorted.shape:
             raise ValueError(f"update needs sources of shape {self.tree.src_sorted.shape}, "
