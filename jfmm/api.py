@@ -228,15 +228,17 @@ def _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order, famil
 def _gauss_plan(sources, targets, kernel, eps, order, family):
     """The fast Gauss transform's (level, order) for these points
     (`GaussTransform.plan`), or None where "auto" should use another
-    family: not a Gaussian, traced epsilon or points, an order given, or no
-    plan meets eps. family="hermite" raises instead."""
+    family: not a Gaussian, traced epsilon or points, an order given, eps
+    below the transform's rounding floor, or no plan meets eps.
+    family="hermite" raises instead."""
     if family not in ("auto", "hermite"):
         return None
     dim = sources.shape[1]
     explicit = family == "hermite"
     if explicit:
         _fmm.family_for(kernel, dim, family)            # raises unless a Gaussian
-    elif not isinstance(kernel, _kernels.Gaussian) or order is not None:
+    elif (not isinstance(kernel, _kernels.Gaussian) or order is not None
+          or eps < hermite.ROUNDING_FLOOR[jnp.dtype(sources.dtype).name]):
         return None
     sample = _pair_sample(sources, targets) if kernel.is_concrete() else None
     if sample is None:
@@ -322,7 +324,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     neighbouring leaves alone (no expansions); otherwise the fast Gauss
     transform (`jfmm.ops.hermite`: Hermite expansions on one grid level,
     no near field) where its error estimate meets eps within its grid
-    budget, else Chebyshev. family="hermite" asks for the transform (it
+    budget (float32: eps >= 2e-5, its rounding floor), else Chebyshev. family="hermite" asks for the transform (it
     raises where no plan meets eps). Inside jit with traced points the
     transform's grid level cannot be chosen, so a Gaussian gets Chebyshev:
     to keep the transform under jit, make a plan outside it (`plan`) and
