@@ -13,7 +13,7 @@ from jfmm import fmm as _fmm
 from jfmm import kernels as _kernels
 from jfmm import primitive as _primitive
 from jfmm import tree as _tree
-from jfmm.ops import backend, chebyshev, hermite
+from jfmm.ops import backend, chebyshev, hermite, laplace3d
 
 
 # ------------------------------------------------------------------ checks
@@ -126,8 +126,12 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 
 # ------------------------------------------------------------------ fmm
 
-def _order(family, eps, dtype, order):
+def _order(family, eps, dtype, order, points=None):
+    """The order given (range-checked), else the family's rule; points:
+    sqrt(N M), which the 3D Laplace rule's rare-pair tail depends on."""
     if order is None:
+        if family is laplace3d:
+            return family.order(eps, dtype, points)
         return family.order(eps, dtype)
     if not isinstance(order, numbers.Integral) or not 1 <= order <= family.MAX_ORDER:
         raise ValueError(f"order must be an int in [1, {family.MAX_ORDER}], got {order!r}")
@@ -221,7 +225,7 @@ def _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order, famil
         p = fam.order_for(eps, sources.dtype, kernel,
                           lambda n: _depth(n_src, n_tgt, dim, leaf_size, fam, n), side, r2)
     else:
-        p = _order(fam, eps, sources.dtype, order)
+        p = _order(fam, eps, sources.dtype, order, (n_src * n_tgt) ** 0.5)
     return fam, p, _depth(n_src, n_tgt, dim, leaf_size, fam, p)
 
 

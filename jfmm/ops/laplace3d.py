@@ -434,14 +434,21 @@ _SAFETY = 4.0
 # measured 1.7e-8, 2.6e-9, 3.9e-10, 9.1e-11 and 4.1e-11 at p = 20, 25, 30, 34
 # and 36, 40x the typical error at p = 30. The rule also keeps twice that
 # measured tail below eps, which is what sets p from p = 18 on.
-_TAIL_P30, _TAIL_RATE, _TAIL_MARGIN = 3.9e-10, 0.69, 2.0
+# One such pair adds a fixed error at one target while ||phi|| grows like
+# sqrt(N M) (N sources, M targets), so below the 3,000 points it was measured
+# at the tail is scaled by 3,000 / sqrt(N M): a CI draw of 500 points at eps
+# 1e-7 (p = 18, depth 2) measured 2.4e-7, and 1.0e-7 / 2.2e-8 at p = 20 / 22.
+_TAIL_P30, _TAIL_RATE, _TAIL_MARGIN, _TAIL_POINTS = 3.9e-10, 0.69, 2.0, 3000
 ORDERS = tuple(sorted(_ERROR_BY_ORDER)) + (32, 34, 36)
 MAX_ORDER = ORDERS[-1]
 
 
-def _error_bound(p: int) -> float:
-    """The error the order rule assumes at order p (typical and tail, with margins)."""
+def _error_bound(p: int, points: float | None = None) -> float:
+    """The error the order rule assumes at order p (typical and tail, with
+    margins) for sqrt(N M) = points (None: at least 3,000)."""
     tail = _TAIL_MARGIN * _TAIL_P30 * _TAIL_RATE ** (p - 30)
+    if points is not None:
+        tail *= max(1.0, _TAIL_POINTS / points)
     return max(_SAFETY * _ERROR_BY_ORDER.get(p, 0.0), tail)
 
 
@@ -459,10 +466,12 @@ def leaf_size(p: int) -> int:
     return max(32, int(0.5 * p * p))
 
 
-def order(eps: float, dtype) -> int:
-    """Expansion order p for a requested relative L2 error eps.
+def order(eps: float, dtype, points: float | None = None) -> int:
+    """Expansion order p for a requested relative L2 error eps, for N
+    sources and M targets with sqrt(N M) = points (None: large sets).
 
     Raises ValueError if eps is below what `dtype` (or the largest tabulated
     order) can reach.
     """
-    return rules.choose_order(eps, dtype, EPS_FLOOR, ORDERS, _error_bound, "the 3D Laplace family")
+    return rules.choose_order(eps, dtype, EPS_FLOOR, ORDERS,
+                              lambda p: _error_bound(p, points), "the 3D Laplace family")
