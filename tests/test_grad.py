@@ -7,7 +7,7 @@ from conftest import charges, points, rel
 
 import jfmm
 
-EPS = 1e-7     # agreement asserted at 10 * EPS; one case checks eps = 1e-9
+EPS = 1e-6     # agreement asserted at 10 * EPS; one case checks eps = 1e-8
 
 
 def _loss(call, w):
@@ -17,7 +17,7 @@ def _loss(call, w):
 
 
 @pytest.mark.parametrize("kind,separate,eps", [
-    ("cube", False, EPS), ("cube", True, 1e-9), ("sphere", False, EPS),
+    ("cube", False, EPS), ("cube", True, 1e-8), ("sphere", False, EPS),
     ("sphere", True, EPS), ("cluster", False, EPS), ("cluster", True, EPS)])
 def test_grad_matches_direct_autodiff(kind, separate, eps, rng):
     n, m = 700, 300
@@ -53,7 +53,7 @@ def test_grad_finite_with_coincident_points_and_finite_differences(rng):
     d = rng.normal(size=x.shape)
     h = 1e-6
     fd = (f(x + h * d, q, None) - f(x - h * d, q, None)) / (2 * h)
-    assert abs(float(fd) - float(jnp.sum(gx * d))) < 1e-5 * abs(float(fd))
+    assert abs(float(fd) - float(jnp.sum(gx * d))) < 100 * EPS * abs(float(fd))
 
 
 def test_vmap_of_grad_over_charge_sets(rng):
@@ -85,13 +85,13 @@ def test_jvp_matches_direct(kind, separate, rng):
 def test_jacfwd_and_jacrev_small(rng):
     n = 50
     x, q = points("cube", n, rng), charges(n, rng)
-    f = lambda a, b: jfmm.fmm(a, b, eps=1e-7, leaf_size=2)   # noqa: E731 (depth 2)
+    f = lambda a, b: jfmm.fmm(a, b, eps=EPS, leaf_size=2)    # noqa: E731 (depth 2)
     g = lambda a, b: jfmm.direct(a, b)                        # noqa: E731
     for jac in (jax.jacfwd, jax.jacrev):
         got = jac(f, (0, 1))(x, q)
         want = jac(g, (0, 1))(x, q)
         for a, b in zip(got, want):
-            assert rel(a, np.asarray(b)) < 1e-6
+            assert rel(a, np.asarray(b)) < 10 * EPS
 
 
 def test_hessian_vector_product_of_energy(rng):
@@ -104,10 +104,10 @@ def test_hessian_vector_product_of_energy(rng):
         energy = lambda a: 0.5 * jnp.sum(q * phi(a))   # noqa: E731
         return jax.jvp(jax.grad(energy), (x,), (v,))[1]
 
-    got = jax.jit(lambda: hvp(lambda a: jfmm.fmm(a, q, eps=1e-8, leaf_size=8)))()
+    got = jax.jit(lambda: hvp(lambda a: jfmm.fmm(a, q, eps=1e-7, leaf_size=8)))()
     want = hvp(lambda a: jfmm.direct(a, q))
     assert np.isfinite(got).all()
-    assert rel(got, np.asarray(want)) < 1e-6
+    assert rel(got, np.asarray(want)) < 1e-5
 
 
 def test_grad_through_gradient_output(rng):
@@ -121,11 +121,11 @@ def test_grad_through_gradient_output(rng):
     def loss(f):
         return lambda a, b, c: jnp.sum(w * f(a, b, c)[1])
 
-    fast = loss(lambda a, b, c: jfmm.fmm(a, b, c, eps=1e-8, gradient=True, leaf_size=8))
+    fast = loss(lambda a, b, c: jfmm.fmm(a, b, c, eps=1e-7, gradient=True, leaf_size=8))
     exact = loss(lambda a, b, c: jfmm.direct(a, b, c, gradient=True))
     argnums = (0, 1, 2)
     for a, b in zip(jax.grad(fast, argnums)(x, q, y), jax.grad(exact, argnums)(x, q, y)):
-        assert rel(a, np.asarray(b)) < 1e-6
+        assert rel(a, np.asarray(b)) < 1e-5
 
 
 def test_plan_apply_gradients(rng):
