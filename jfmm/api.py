@@ -13,7 +13,7 @@ from jfmm import fmm as _fmm
 from jfmm import kernels as _kernels
 from jfmm import primitive as _primitive
 from jfmm import tree as _tree
-from jfmm.ops import backend, chebyshev, hermite, laplace3d
+from jfmm.ops import backend, chebyshev, hermite
 
 
 # ------------------------------------------------------------------ checks
@@ -128,11 +128,10 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 
 def _order(family, eps, dtype, order, points=None):
     """The order given (range-checked), else the family's rule; points:
-    sqrt(N M), which the 3D Laplace rule's rare-pair tail depends on."""
+    sqrt(N M) of the point sets (the 3D Laplace rule's rare-pair tail
+    depends on it)."""
     if order is None:
-        if family is laplace3d:
-            return family.order(eps, dtype, points)
-        return family.order(eps, dtype)
+        return family.order(eps, dtype, points)
     if not isinstance(order, numbers.Integral) or not 1 <= order <= family.MAX_ORDER:
         raise ValueError(f"order must be an int in [1, {family.MAX_ORDER}], got {order!r}")
     return int(order)
@@ -194,12 +193,19 @@ def _configure(sources, targets, kernel, eps, leaf_size, order, family):
     dim = sources.shape[1]
     eps = _resolve_eps(eps, sources.dtype)
     family = _check_family(family)
-    gauss = _gauss_plan(sources, targets, kernel, eps, order, family)
+    # The points' root box and sample pairs, drawn once (a host round trip)
+    # for the estimates that use them; None for traced points or kernel
+    # parameters, and where no estimate needs them.
+    estimated = family == "hermite" or order is None and (
+        isinstance(kernel, _kernels.Gaussian)
+        or isinstance(_fmm.family_for(kernel, dim, family), chebyshev.Chebyshev))
+    sample = _pair_sample(sources, targets) if estimated and kernel.is_concrete() else None
+    gauss = _gauss_plan(sources, targets, kernel, eps, order, family, sample)
     if family == "hermite":
         return eps, family, _fmm.gauss_family(dim), gauss.order, gauss.level
     try:
         fam, p, depth = _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order,
-                                              family)
+                                              family, sample)
     except ValueError:
         if gauss is None:
             raise
@@ -212,14 +218,13 @@ def _configure(sources, targets, kernel, eps, leaf_size, order, family):
     return eps, family, fam, p, depth
 
 
-def _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order, family):
+def _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order, family, sample):
     """(family object, order, depth) of the FMM families for `family`
-    ("auto" or "chebyshev")."""
+    ("auto" or "chebyshev"); sample: `_pair_sample` or None."""
     n_src, dim = sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
     fam = _fmm.family_for(kernel, dim, family)
     if order is None and isinstance(fam, chebyshev.Chebyshev) and kernel.is_concrete():
-        sample = _pair_sample(sources, targets)
         side, r2 = (None, None) if sample is None else (
             sample.side, np.sum((sample.y - sample.x) ** 2, axis=-1))
         p = fam.order_for(eps, sources.dtype, kernel,
@@ -229,7 +234,7 @@ def _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order, famil
     return fam, p, _depth(n_src, n_tgt, dim, leaf_size, fam, p)
 
 
-def _gauss_plan(sources, targets, kernel, eps, order, family):
+def _gauss_plan(sources, targets, kernel, eps, order, family, sample):
     """The fast Gauss transform's (level, order) for these points
     (`GaussTransform.plan`), or None where "auto" should use another
     family: not a Gaussian, traced epsilon or points, an order given, eps
@@ -244,7 +249,6 @@ def _gauss_plan(sources, targets, kernel, eps, order, family):
     elif (not isinstance(kernel, _kernels.Gaussian) or order is not None
           or eps < hermite.ROUNDING_FLOOR[jnp.dtype(sources.dtype).name]):
         return None
-    sample = _pair_sample(sources, targets) if kernel.is_concrete() else None
     if sample is None:
         if explicit:
             raise ValueError("family 'hermite' needs concrete points and epsilon (its grid "
@@ -328,8 +332,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     neighbouring leaves alone (no expansions); otherwise the fast Gauss
     transform (`jfmm.ops.hermite`: Hermite expansions on one grid level,
     no near field) where its error estimate meets eps within its grid
-    budget (float32: eps >= 2e-5, its rounding floor), else Chebyshev. family="hermite" asks for the transform (it
-    raises where no plan meets eps). Inside jit with traced points the
+    budget (float32: eps >= 2e-5, its rounding floor), else Chebyshev.
+    family="hermite" asks for the transform (it raises where no plan meets
+    eps). Inside jit with traced points the
     transform's grid level cannot be chosen, so a Gaussian gets Chebyshev:
     to keep the transform under jit, make a plan outside it (`plan`) and
     call `Plan.update(points)` and `Plan.apply` inside.

@@ -1,6 +1,7 @@
 """Expansion families and operators.
 
-A family is a module or object exposing: MAX_ORDER, order(eps, dtype) -> p,
+A family is a module or object exposing: MAX_ORDER, order(eps, dtype,
+points) -> p (points: sqrt(N M) of the point sets, None for large sets),
 leaf_size(p), operators(p, m2l_offsets, dtype) -> Operators (with m2m and
 l2l), m2l_matrices(ops, kernel, side, p) (the M2L matrices of a level whose
 boxes have side `side`), p2m(u, q, p), l2p_coefficients(loc, p, gradient)

@@ -301,7 +301,7 @@ class Chebyshev:
         worst = self._error_bound(self.ORDERS[-1])
         return {"float32": max(ROUNDING_FLOOR["float32"], worst), "float64": worst}
 
-    def order(self, eps: float, dtype) -> int:
+    def order(self, eps: float, dtype, points: float | None = None) -> int:
         """Nodes per dimension n for a relative L2 error eps by the
         worst-case rule (ValueError if eps is below what dtype or the
         largest n reaches)."""

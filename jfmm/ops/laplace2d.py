@@ -280,7 +280,7 @@ def leaf_size(p: int) -> int:
     return max(32, 2 * p)
 
 
-def order(eps: float, dtype) -> int:
+def order(eps: float, dtype, points: float | None = None) -> int:
     """Expansion order p for a requested relative L2 error eps.
 
     Raises ValueError if eps is below what `dtype` (or the largest tabulated
