@@ -28,7 +28,8 @@ import jfmm  # noqa: E402
 from accuracy_rbf import label  # noqa: E402
 from bench_laplace import median_time, rel  # noqa: E402
 from jfmm import api, kernels as K  # noqa: E402
-from jfmm.ops import translate  # noqa: E402
+from jfmm.ops import backend, translate  # noqa: E402
+from jfmm.tree import lists  # noqa: E402
 
 driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 
@@ -66,6 +67,8 @@ def main():
     ap.add_argument("--family", default=None, help="override the family (with --orders points)")
     ap.add_argument("--order", type=int, default=None,
                     help="override the order (with --orders points)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time each pass of the FMM families (a row per kernel)")
     args = ap.parse_args()
     if args.gather_bytes:
         translate.GATHER_BYTES = args.gather_bytes
@@ -114,6 +117,54 @@ def main():
         print(f"| {label(k)} | {fam}, {order}, {depth} | **{t * 1e3:.2f}** | {t_tree * 1e3:.2f} | "
               f"{first:.1f} | {td * 1e3:.0f} | "
               f"{td / t:.0f}x | {rel(phi[s], ref):.2e} | {rel(grad[s], gref):.2e} |", flush=True)
+        if args.profile and fam not in ("hermite", "near"):
+            print(profile(pl, qd, args.repeats), flush=True)
+
+
+def profile(pl, q, repeats: int) -> str:
+    """A row of per-pass medians (ms) for plan pl: P2M + M2M (up), the M2L
+    matrices of every level, M2L + L2L (down, matrices included), L2P and
+    the near field; each pass jitted alone, so their sum exceeds the whole
+    call's time by launch gaps."""
+    tree, k, p, ops = pl.tree, pl.kernel, pl.p, pl.ops
+    family = driver.family_for(k, tree.dim, pl.family)
+    mode = backend.current()
+    qs = q[tree.src_perm][:, None]
+    up = jax.jit(lambda t, c, o: driver.upward(t, c, family, o, p, mode))
+    mult = up(tree, qs, ops)
+    mats = jax.jit(lambda t, o, kk: [family.m2l_matrices(o, kk, t.box_side(level), p)
+                                     for level in range(2, t.depth + 1)])
+    down = jax.jit(lambda t, m, o, kk: driver.downward(t, m, family, o, kk, p, mode))
+    loc = down(tree, mult, ops, k)
+
+    def l2p(t, lc):
+        h = t.box_side(t.depth)
+        u = (t.tgt_sorted - t.leaf_centers(t.tgt_leaf)) / h
+        coef = family.l2p_coefficients(lc, p, True)
+        return backend.l2p(family, u, coef, t.tgt_start, t.tgt_leaf, h, p, True, mode)
+
+    near = jax.jit(lambda t, c, kk: backend.near_field(
+        kk, t.tgt_sorted, t.tgt_start, t.src_sorted, c, t.src_start,
+        lists.neighbors(t.depth, t.dim), True, mode))
+    ms = [median_time(up, tree, qs, ops, repeats=repeats),
+          median_time(mats, tree, ops, k, repeats=repeats),
+          median_time(down, tree, mult, ops, k, repeats=repeats),
+          median_time(jax.jit(l2p), tree, loc, repeats=repeats),
+          median_time(near, tree, qs, k, repeats=repeats)]
+    pairs = float(jnp.sum(_near_pairs(tree)))
+    return (f"|   passes (ms): up {ms[0] * 1e3:.2f} / M2L matrices {ms[1] * 1e3:.2f} / down "
+            f"{ms[2] * 1e3:.2f} / L2P {ms[3] * 1e3:.2f} / near {ms[4] * 1e3:.2f} "
+            f"({pairs / ms[4]:.2e} pairs/s) |||||||||")
+
+
+def _near_pairs(tree):
+    """Target-source pairs of the near field (per target leaf, its
+    neighbours' sources)."""
+    nb = lists.neighbors(tree.depth, tree.dim)
+    src = jnp.diff(tree.src_start)[:-1]
+    tgt = jnp.diff(tree.tgt_start)[:-1]
+    counts = jnp.concatenate([src, jnp.zeros((1,), src.dtype)])
+    return tgt.astype(jnp.float64) * jnp.sum(counts[nb], axis=1)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,10 @@ class Kernel:
     def from_r2(self, r2, gradient: bool):
         """K(r) and, if gradient, K'(r) / r, from r^2 > 0 (the P2P inner loop:
         d/dy K(|y - x|) = (K'(r) / r) (y - x)). Kernels may override this
-        with a cheaper closed form."""
+        with a cheaper closed form (every built-in kernel does: no square
+        root or division where r^2 suffices; float64 square roots, divisions
+        and their autodiff made the GPU near field of Multiquadric, Yukawa
+        and thin-plate 3-4x slower than Laplace's)."""
         r = jnp.sqrt(r2)
         if not gradient:
             return self.radial(r), None
@@ -162,6 +165,11 @@ class Gaussian(Kernel):
     def radial(self, r):
         return jnp.exp(-(self.epsilon * r) ** 2)
 
+    def from_r2(self, r2, gradient: bool):
+        e2 = self.epsilon * self.epsilon
+        k = jnp.exp(-e2 * r2)
+        return k, (-2 * e2 * k if gradient else None)
+
     def cutoff(self, tol: float):
         if isinstance(self.epsilon, Tracer) or not self.epsilon:
             return None
@@ -176,6 +184,12 @@ class Multiquadric(Kernel):
     def radial(self, r):
         return -jnp.sqrt(1 + (self.epsilon * r) ** 2)
 
+    def from_r2(self, r2, gradient: bool):
+        e2 = self.epsilon * self.epsilon
+        t = 1 + e2 * r2
+        inv = jax.lax.rsqrt(t)
+        return -t * inv, (-e2 * inv if gradient else None)
+
 
 @_shape
 class InverseMultiquadric(Kernel):
@@ -184,6 +198,11 @@ class InverseMultiquadric(Kernel):
 
     def radial(self, r):
         return jax.lax.rsqrt(1 + (self.epsilon * r) ** 2)
+
+    def from_r2(self, r2, gradient: bool):
+        e2 = self.epsilon * self.epsilon
+        inv = jax.lax.rsqrt(1 + e2 * r2)
+        return inv, (-e2 * inv * inv * inv if gradient else None)
 
 
 @_shape
@@ -194,6 +213,11 @@ class InverseQuadratic(Kernel):
     def radial(self, r):
         return 1 / (1 + (self.epsilon * r) ** 2)
 
+    def from_r2(self, r2, gradient: bool):
+        e2 = self.epsilon * self.epsilon
+        k = 1 / (1 + e2 * r2)
+        return k, (-2 * e2 * k * k if gradient else None)
+
 
 @_shape
 class ThinPlateSpline(Kernel):
@@ -203,6 +227,10 @@ class ThinPlateSpline(Kernel):
         safe = jnp.where(r > 0, r, 1.0)
         return jnp.where(r > 0, r * r * jnp.log(safe), 0.0)
 
+    def from_r2(self, r2, gradient: bool):
+        log = jnp.log(r2)                                  # 2 log r
+        return 0.5 * r2 * log, (log + 1 if gradient else None)
+
 
 @_shape
 class Linear(Kernel):
@@ -210,6 +238,10 @@ class Linear(Kernel):
 
     def radial(self, r):
         return -r
+
+    def from_r2(self, r2, gradient: bool):
+        inv = jax.lax.rsqrt(r2)
+        return -r2 * inv, (-inv if gradient else None)
 
 
 @_shape
@@ -219,6 +251,10 @@ class Cubic(Kernel):
     def radial(self, r):
         return r ** 3
 
+    def from_r2(self, r2, gradient: bool):
+        r = r2 * jax.lax.rsqrt(r2)
+        return r2 * r, (3 * r if gradient else None)
+
 
 @_shape
 class Quintic(Kernel):
@@ -226,6 +262,10 @@ class Quintic(Kernel):
 
     def radial(self, r):
         return -r ** 5
+
+    def from_r2(self, r2, gradient: bool):
+        r3 = r2 * r2 * jax.lax.rsqrt(r2)
+        return -r2 * r3, (-5 * r3 if gradient else None)
 
 
 @_shape
@@ -237,6 +277,12 @@ class Yukawa(Kernel):
 
     def radial(self, r):
         return jnp.exp(-self.kappa * r) / r
+
+    def from_r2(self, r2, gradient: bool):
+        inv = jax.lax.rsqrt(r2)
+        r = r2 * inv
+        k = jnp.exp(-self.kappa * r) * inv
+        return k, (-k * (self.kappa * r + 1) * inv * inv if gradient else None)
 
 
 @_shape

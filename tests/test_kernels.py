@@ -107,3 +107,27 @@ def test_kernel_classes_never_share_a_compiled_sum(rng):
     for name, kern in zip(sorted(FORMULAS), made):
         if 3 in kern.dims:
             assert rel(jfmm.direct(x, q, kernel=kern), numpy_sum(name, x, q, x)[0]) < 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(FORMULAS))
+def test_closed_form_pair_terms_match_radial(name, rng):
+    """Each kernel's `from_r2` (the near field's closed form) equals K(r)
+    and K'(r) / r from `radial` and its autodiff, in float64 and float32,
+    and its derivatives in r^2 and in the parameters too (the jnp near
+    field is differentiated through it)."""
+    kern = kernels.get(name, **FORMULAS[name][0])
+    generic = super(type(kern), kern).from_r2            # Kernel.from_r2: sqrt and jvp
+    for dtype, tol in ((jnp.float64, 1e-13), (jnp.float32, 3e-6)):
+        r2 = jnp.asarray(rng.uniform(1e-4, 9.0, 500) ** 2, dtype)
+        for got, want in zip(kern.from_r2(r2, True), generic(r2, True)):
+            assert got.dtype == dtype
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(jnp.max(jnp.abs(want))))
+    r2 = jnp.asarray(rng.uniform(1e-2, 9.0, 50) ** 2)
+    d = lambda f: jax.vmap(jax.grad(lambda s: f(s, True)[0] + f(s, True)[1]))(r2)  # noqa: E731
+    np.testing.assert_allclose(d(kern.from_r2), d(generic), rtol=1e-10)
+    leaves = jax.tree_util.tree_leaves(kern)
+    if leaves:
+        cls = type(kern)
+        dp = lambda f: jax.grad(lambda v: jnp.sum(f(cls(v), r2)[0] + f(cls(v), r2)[1]))(leaves[0])  # noqa: E731
+        np.testing.assert_allclose(dp(lambda k, s: k.from_r2(s, True)),
+                                   dp(lambda k, s: super(cls, k).from_r2(s, True)), rtol=1e-10)
