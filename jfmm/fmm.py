@@ -80,9 +80,15 @@ def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int,
              mode: str = "jnp"):
     """Local expansions of the leaves: (n_leaves, K, P)."""
     loc = None
+    basis = family.m2l_basis(ops)
     for level in range(2, tree.depth + 1):
         mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
-        far = backend.m2l(mult[level], level, mats, tree.dim, mode)
+        m = mult[level]
+        if basis is not None:
+            m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
+        far = backend.m2l(m, level, mats, tree.dim, mode)
+        if basis is not None:
+            far = jnp.einsum("bke,eq->bkq", far, basis, precision=translate.HIGHEST)
         loc = far if loc is None else translate.l2l(loc, ops.l2l) + far
     return loc
 

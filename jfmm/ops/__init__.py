@@ -3,8 +3,9 @@
 A family is a module or object exposing: MAX_ORDER, order(eps, dtype,
 points) -> p (points: sqrt(N M) of the point sets, None for large sets),
 leaf_size(p), operators(p, m2l_offsets, dtype) -> Operators (with m2m and
-l2l), m2l_matrices(ops, kernel, side, p) (the M2L matrices of a level whose
-boxes have side `side`), p2m(u, q, p), l2p_coefficients(loc, p, gradient)
+l2l), m2l_basis(ops) (None, or B (k, P): M2L then maps B @ multipoles to
+B^T @ locals), m2l_matrices(ops, kernel, side, p) (the M2L matrices of a
+level whose boxes have side `side`), p2m(u, q, p), l2p_coefficients(loc, p, gradient)
 (per box, what L2P evaluates) and l2p(u, coef, h, p, gradient). Families:
 laplace3d (spherical harmonics, 3D Laplace), laplace2d (complex series, 2D
 Laplace) and chebyshev (interpolation, any kernel, 2D and 3D); hermite (the

@@ -143,6 +143,11 @@ def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
     return Operators(*(jnp.asarray(a, dtype) for a in _operators_numpy(p, offs)))
 
 
+def m2l_basis(ops: Operators):
+    """None: M2L acts on the expansions themselves (see jfmm.ops)."""
+    return None
+
+
 def m2l_matrices(ops: Operators, kernel, side, p: int):
     """(n_off + 1, P, P) M2L matrices for boxes of side `side` (traced scalar):
     ops.m2l plus the rank-one term L_0 += -log(side) M_0 on every offset but

@@ -329,6 +329,11 @@ def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
     return Operators(m2m.astype(dtype), l2l.astype(dtype), m2l.astype(dtype))
 
 
+def m2l_basis(ops: Operators):
+    """None: M2L acts on the expansions themselves (see jfmm.ops)."""
+    return None
+
+
 def m2l_matrices(ops: Operators, kernel, side, p: int):
     """M2L matrices at a level: scaled expansions make them level (and so
     side) independent; kernel is Laplace3D."""
