@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -202,6 +202,16 @@ case "$1" in
     $r --dim 3 --dtype float64 --eps 1e-6 --kernels 3,6,7,10 2>&1 | tee "$out/prof3_f64.md"
     $r --dim 3 --dtype float64 --eps 1e-6 --kernels 10 --order 8 2>&1 | tail -2 | tee -a "$out/prof3_f64.md"
     $r --dim 3 --dtype float32 --eps 1e-4 --kernels 6,10 2>&1 | tee "$out/prof3_f32.md"
+    ;;
+  t1)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
+    $r --dim 3 --dtype float64 --eps 1e-6 --kernels 10 --profile 2>&1 | tail -1 | tee -a "$out/rbf3_f64.md"
+    ;;
+  t2)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3_f32.md"
+    $r --dim 2 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf2_f64.md"
     ;;
   fgt)
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"
