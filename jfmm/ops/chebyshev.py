@@ -96,6 +96,49 @@ def interpolation(u, n: int):
     return tensor.product([basis(u[:, a], n) for a in range(u.shape[1])])
 
 
+def _node_matrices(kernel, side, n: int, dim: int, offsets: np.ndarray, dt):
+    """(len(offsets), P, P): [o, m, m'] = K(side |xi_m - xi_m' - o|)."""
+    g = jnp.asarray(grid(n, dim), dt)
+    offs = jnp.asarray(offsets, dt)
+    r2 = 0.0
+    for a in range(dim):        # per axis: no (n_off, P, P, d) temporary
+        d = g[None, :, None, a] - g[None, None, :, a] - offs[:, None, None, a]
+        r2 = r2 + d * d
+    return kernel.radial(side * jnp.sqrt(r2))
+
+
+@functools.lru_cache(maxsize=None)
+def _symmetries(n: int):
+    """The 3D M2L offsets as images of 16 canonical ones (0 <= c_0 <= c_1
+    <= c_2) under the cube's reflections and axis permutations, which act
+    on truncated Chebyshev matrices by permuting and sign-flipping their
+    multi-indices: with c = |o| sorted by a permutation pi (c_i =
+    |o_pi(i)|) and s = sign(o), K(|x - y - o|) = K(|Phi x - Phi y - c|)
+    for (Phi x)_i = s_pi(i) x_pi(i), so
+
+        C_o[J, J'] = C_c[J o pi, J' o pi] prod_a s_a^(J_a + J'_a).
+
+    Returns (canonical offsets (16, 3), which (n_off,) canonical each
+    offset maps to, index (n_off, k) the row of C_c for each kept
+    multi-index, sign (n_off, k) prod_a s_a^(J_a))."""
+    offsets = lists.m2l_offsets(3)
+    keep = _ball(n, 3)
+    j = np.stack(np.unravel_index(keep, (n, n, n)), axis=1)          # (k, 3)
+    position = {tuple(v): i for i, v in enumerate(j)}
+    canon, which, index, sign = [], [], [], []
+    for o in offsets:
+        pi = np.argsort(np.abs(o), kind="stable")
+        c = tuple(np.abs(o)[pi])
+        if c not in canon:
+            canon.append(c)
+        which.append(canon.index(c))
+        index.append([position[tuple(v[pi])] for v in j])
+        s = np.where(o < 0, -1.0, 1.0)
+        sign.append(np.prod(s[None, :] ** j, axis=1))
+    return (np.array(canon, np.float64), np.array(which), np.array(index, np.int32),
+            np.array(sign))
+
+
 def _truncate(mats, n: int):
     """(n_off, P, Q) -> (n_off, Q, k): F_E along the middle axis (per-axis
     transforms, then the kept rows), and the result transposed; applied
@@ -434,15 +477,17 @@ class Chebyshev:
         the last one zero. The node matrices K_o[m, m'] = K(side |xi_m -
         xi_m' - o|) (Q = P, 2D), or in 3D F_E K_o F_E^T (Q = k)."""
         dt = ops.m2m.dtype
-        g = jnp.asarray(grid(n, self.dim), dt)
-        offs = jnp.asarray(lists.m2l_offsets(self.dim), dt)
-        r2 = 0.0
-        for a in range(self.dim):   # per axis: no (n_off, P, P, d) temporary
-            d = g[None, :, None, a] - g[None, None, :, a] - offs[:, None, None, a]
-            r2 = r2 + d * d
-        mats = kernel.radial(side * jnp.sqrt(r2))
+        offsets = lists.m2l_offsets(self.dim)
         if ops.basis is not None:
-            mats = _truncate(_truncate(mats, n), n)
+            canon, which, index, sign = _symmetries(n)
+            mats = _truncate(_truncate(_node_matrices(kernel, side, n, 3, canon, dt), n), n)
+            mats = mats[which]                                       # (n_off, k, k)
+            mats = jnp.take_along_axis(mats, jnp.asarray(index)[:, :, None], axis=1)
+            mats = jnp.take_along_axis(mats, jnp.asarray(index)[:, None, :], axis=2)
+            sign = jnp.asarray(sign, dt)
+            mats = mats * sign[:, :, None] * sign[:, None, :]
+        else:
+            mats = _node_matrices(kernel, side, n, self.dim, offsets, dt)
         return jnp.concatenate([mats, jnp.zeros((1,) + mats.shape[1:], dt)])
 
     def p2m(self, u, q, n: int):

@@ -1,0 +1,50 @@
+"""The 3D Chebyshev M2L in its truncated basis."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import rel
+
+from jfmm import kernels
+from jfmm.ops import chebyshev as ch
+from jfmm.tree import lists
+
+FAMILY = ch.Chebyshev(3, **ch.RULES[3])
+
+
+@pytest.mark.parametrize("kernel", [kernels.Yukawa(2.0), kernels.ThinPlateSpline()])
+def test_matrices_from_symmetries_equal_direct_transforms(kernel):
+    """The 316 offsets' truncated matrices, built from 16 canonical ones by
+    reflections and axis permutations, equal F_E K_o F_E^T built per offset."""
+    n, side = 5, 0.37
+    ops = FAMILY.operators(n, lists.m2l_offsets(3), jnp.float64)
+    got = FAMILY.m2l_matrices(ops, kernel, side, n)
+    nodes = ch._node_matrices(kernel, side, n, 3, lists.m2l_offsets(3), jnp.float64)
+    want = ch._truncate(ch._truncate(nodes, n), n)
+    assert got.shape == (317, len(ch._ball(n, 3)), len(ch._ball(n, 3)))
+    assert float(jnp.max(jnp.abs(got[:-1] - want))) < 1e-14 * float(jnp.max(jnp.abs(want)))
+    assert not np.any(np.asarray(got[-1]))
+
+
+def test_truncated_translation_matches_the_kernel(rng):
+    """Multipoles of charges in one box, translated to a well-separated box
+    in the truncated basis and interpolated at targets there, against the
+    direct sum: as accurate as the untruncated node matrices."""
+    n, side = 7, 0.5
+    kernel = kernels.Yukawa(1.5)
+    ops = FAMILY.operators(n, lists.m2l_offsets(3), jnp.float64)
+    offsets = lists.m2l_offsets(3)
+    o = int(np.flatnonzero((offsets == [2, 1, 0]).all(axis=1))[0])
+    x = rng.uniform(-0.5, 0.5, (40, 3))                 # source box at the offset
+    y = rng.uniform(-0.5, 0.5, (30, 3))                 # target box at the origin
+    q = rng.uniform(-1, 1, 40)
+    w = ch.interpolation(jnp.asarray(x), n).T @ q       # P2M: node weights
+    basis = ops.basis
+    loc = basis.T @ (FAMILY.m2l_matrices(ops, kernel, side, n)[o] @ (basis @ w))
+    full = ch._node_matrices(kernel, side, n, 3, offsets[o:o + 1], jnp.float64)[0] @ w
+    r = side * np.linalg.norm(y[:, None] - x[None] - offsets[o], axis=-1)
+    want = np.asarray(kernel.radial(jnp.asarray(r))) @ q
+    interp = ch.interpolation(jnp.asarray(y), n)
+    err_full = rel(interp @ full, want)
+    assert err_full < 1e-4
+    err = rel(interp @ loc, want)
+    assert err < 1.5 * err_full
