@@ -30,17 +30,19 @@ to Chebyshev moments nu = F^-T W, local node values L to coefficients c =
 F L (F: the tensor Chebyshev transform, `_basis_coefficients` per axis),
 and only the multi-indices j with |j|_2 <= n - 1 + M2L_RADIUS_PAD are kept
 (k of the P; `m2l_basis`). The far field between well-separated boxes is
-analytic, and its Chebyshev coefficients decay with the Euclidean length
-of j rather than with max_a j_a, so the cube's corners carry no more than
-its faces: per level the matrices are F_E K_o F_E^T (k x k), built from
-the kernel's node matrices K_o by per-axis transforms, and the translation
-costs (k / P)^2 of the dense one (0.46 at n = 10: k = 678 of 1,000).
-Measured on the Chebyshev coefficients of K(|x - y|) over the M2L offsets
-(Laplace, Yukawa(2), thin-plate; n = 6-14), dropping |j|_2 > n - 0.75
-already errs no more than the tensor truncation itself; the pad of 1.25
-keeps the added error below half of it. The matrices are still dense
-(n_off + 1) x k x k per level, which limits n in 3D; compressing them
-further (SVD per offset) is the way to higher orders.
+analytic and its Chebyshev coefficients decay with the Euclidean length of
+j, so the corners of the index cube (large |j|_2, every j_a < n) carry
+little: measured on K(|x - y|) over the M2L offsets (Laplace, Yukawa(2),
+thin-plate; n = 6-14), the tail beyond |j|_2 = n + 0.25 weighs no more
+than the tensor truncation's (beyond max_a j_a = n - 1), and in the whole
+FMM, where interpolation errs more than truncation, the error grew by 3%
+(Yukawa(2), n = 6; docs/BENCHMARKS.md). Per level the matrices are F_E
+K_o F_E^T (k x k): per-axis transforms of the kernel's node matrices K_o
+for 16 canonical offsets, mapped to all 316 by the cube's symmetries
+(`_symmetries`). A translation costs (k / P)^2 of the dense one (0.46 at
+n = 10: k = 678 of 1,000). The matrices are still dense (n_off + 1) x k x
+k per level, which limits n in 3D; compressing them further (SVD per
+offset) is the way to higher orders.
 """
 from __future__ import annotations
 
