@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
+import os
 
 import jax
 import jax.numpy as jnp
@@ -150,9 +151,35 @@ def _evaluate(tree, ops, kernel, charges, p, gradient, mode, family):
     return outs[0], (outs[1] if gradient else None)
 
 
-@functools.partial(jax.jit, static_argnames=("p", "depth", "gradient", "mode", "family"))
-def _fmm_jit(sources, charges, targets, kernel, p, depth, gradient, mode, family):
-    return _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode, family)
+# XLA's Triton GEMM autotuning made a first call at N = 2^20 take about 23 s
+# against 5 s without it, at the same run time (H200; docs/BENCHMARKS.md).
+# jax accepts compiler options only on a top-level jit, so jfmm's own
+# top-level GPU calls (an eager fmm, Plan.apply) compile without it; inside
+# a user's jit the process's XLA_FLAGS rule (README, "On a GPU"), and a
+# user's XLA_FLAGS setting of it always wins.
+_FAST_COMPILE = {"xla_gpu_enable_triton_gemm": False}
+
+
+def _jits(fun, static: tuple):
+    """(jit, jit with _FAST_COMPILE) of fun."""
+    return (jax.jit(fun, static_argnames=static),
+            jax.jit(fun, static_argnames=static, compiler_options=_FAST_COMPILE))
+
+
+def _call(jits, *args, mode: str, **static):
+    """jits[1] for a top-level GPU call, else jits[0]."""
+    plain, fast = jits
+    if mode != "pallas" or "xla_gpu_enable_triton_gemm" in os.environ.get("XLA_FLAGS", ""):
+        return plain(*args, mode=mode, **static)
+    try:
+        return fast(*args, mode=mode, **static)
+    except ValueError as e:          # inside a user's jit: no compiler options
+        if "compiler_options" not in str(e):
+            raise
+    return plain(*args, mode=mode, **static)
+
+
+_fmm_jits = _jits(_fmm_eval, ("p", "depth", "gradient", "mode", "family"))
 
 
 def _depth(n_src, n_tgt, dim, leaf_size, family, p):
@@ -343,8 +370,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     eps, family, _, p, depth = _configure(sources, targets, kernel, eps, leaf_size, order,
                                           family)
-    phi, grad = _fmm_jit(sources, charges, targets, kernel, p, depth, gradient,
-                         backend.current(), family)
+    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, p=p, depth=depth,
+                      gradient=gradient, mode=backend.current(), family=family)
     return _finish(phi, grad, squeeze, gradient)
 
 
@@ -386,7 +413,8 @@ class Plan:
         charges = charges.astype(self.tree.src_sorted.dtype)
         if squeeze:
             charges = charges[:, None]
-        phi, grad = _apply_jit(self, charges, gradient, backend.current())
+        phi, grad = _call(_apply_jits, self, charges, gradient=gradient,
+                          mode=backend.current())
         return _finish(phi, grad, squeeze, gradient)
 
     def update(self, sources, targets=None):
@@ -412,10 +440,12 @@ class Plan:
         return dataclasses.replace(self, tree=tree)
 
 
-@functools.partial(jax.jit, static_argnames=("gradient", "mode"))
-def _apply_jit(plan_, charges, gradient, mode):
+def _apply(plan_, charges, gradient, mode):
     return _evaluate(plan_.tree, plan_.ops, plan_.kernel, charges, plan_.p, gradient, mode,
                      plan_.family)
+
+
+_apply_jits = _jits(_apply, ("gradient", "mode"))
 
 
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))

@@ -1,11 +1,12 @@
 """Public surface, input checking, dtypes and the direct sum."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import charges, points, reference, rel
 
 import jfmm
-from jfmm import kernels
+from jfmm import api, kernels
 
 
 def test_public_names_frozen():
@@ -87,3 +88,20 @@ def test_plan_checks_shapes(rng):
         pl.apply(np.ones(199))
     with pytest.raises(ValueError, match="shape"):
         pl.update(rng.random((201, 3)))
+
+
+def test_top_level_gpu_calls_compile_with_their_options(monkeypatch):
+    """jfmm's top-level GPU calls use the jit with compiler options; inside
+    a user's jit (where jax refuses them) the plain one; a user's XLA_FLAGS
+    setting of the option wins."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+    jits = api._jits(lambda x, mode: 2 * x, ("mode",))
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(api._call(jits, x, mode="pallas"), 2 * x)
+    assert (jits[0]._cache_size(), jits[1]._cache_size()) == (0, 1)
+    np.testing.assert_array_equal(jax.jit(lambda y: api._call(jits, y, mode="pallas"))(x), 2 * x)
+    assert jits[1]._cache_size() == 1
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
+    api._call(jits, x, mode="pallas")
+    api._call(jits, x, mode="jnp")
+    assert (jits[0]._cache_size(), jits[1]._cache_size()) == (2, 1)
