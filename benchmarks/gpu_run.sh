@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -221,6 +221,11 @@ case "$1" in
       XLA_FLAGS="$flags" $py benchmarks/first_call.py laplace3d float64 1e-10 2>&1 | tail -1
       XLA_FLAGS="$flags" $py benchmarks/first_call.py yukawa float64 1e-6 2>&1 | tail -1
     done | tee -a "$out/first_call.md"
+    ;;
+  t3)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-5 2>&1 | tee "$out/rbf3_f32_1e-5.md"
+    $r --dim 2 --dtype float32 --eps 1e-5 2>&1 | tee "$out/rbf2_f32_1e-5.md"
     ;;
   fgt)
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"
