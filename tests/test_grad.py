@@ -27,8 +27,8 @@ def test_grad_matches_direct_autodiff(kind, separate, eps, rng):
     fast = _loss(lambda a, b, c: jfmm.fmm(a, b, c, eps=eps, leaf_size=8), w)
     exact = _loss(lambda a, b, c: jfmm.direct(a, b, c), w)
     argnums = (0, 1, 2) if separate else (0, 1)
-    got = jax.grad(fast, argnums)(x, q, y)
-    want = jax.grad(exact, argnums)(x, q, y)
+    got = jax.jit(jax.grad(fast, argnums))(x, q, y)
+    want = jax.jit(jax.grad(exact, argnums))(x, q, y)
     for a, b in zip(got, want):
         assert np.isfinite(a).all()
         assert rel(a, np.asarray(b)) < 10 * eps
@@ -48,7 +48,7 @@ def test_grad_finite_with_coincident_points_and_finite_differences(rng):
     x[:50] = x[50:100]
     w = jnp.asarray(rng.normal(size=400))
     f = _loss(lambda a, b, c: jfmm.fmm(a, b, eps=EPS, leaf_size=8), w)
-    gx, gq = jax.grad(f, (0, 1))(x, q, None)
+    gx, gq = jax.jit(jax.grad(f, (0, 1)))(x, q, None)
     assert np.isfinite(gx).all() and np.isfinite(gq).all()
     d = rng.normal(size=x.shape)
     h = 1e-6
@@ -58,9 +58,9 @@ def test_grad_finite_with_coincident_points_and_finite_differences(rng):
 
 def test_vmap_of_grad_over_charge_sets(rng):
     x, qs = points("cube", 300, rng), charges(300, rng, k=3).T
-    g = jax.vmap(jax.grad(lambda q: jnp.sum(jfmm.fmm(x, q, eps=EPS, leaf_size=8) ** 2)))(qs)
+    g = jax.jit(jax.vmap(jax.grad(lambda q: jnp.sum(jfmm.fmm(x, q, eps=EPS, leaf_size=8) ** 2))))(qs)
     for k in range(3):
-        want = jax.grad(lambda q: jnp.sum(jfmm.direct(x, q) ** 2))(qs[k])
+        want = jax.jit(jax.grad(lambda q: jnp.sum(jfmm.direct(x, q) ** 2)))(qs[k])
         assert rel(g[k], np.asarray(want)) < 10 * EPS
 
 
@@ -76,8 +76,8 @@ def test_jvp_matches_direct(kind, separate, rng):
     def call(f):
         return lambda *a: f(*a, eps=EPS, leaf_size=8) if f is jfmm.fmm else f(*a)
 
-    got = jax.jvp(call(jfmm.fmm), primals, tangents)
-    want = jax.jvp(call(jfmm.direct), primals, tangents)
+    got = jax.jit(lambda p, t: jax.jvp(call(jfmm.fmm), p, t))(primals, tangents)
+    want = jax.jit(lambda p, t: jax.jvp(call(jfmm.direct), p, t))(primals, tangents)
     assert rel(got[0], np.asarray(want[0])) < EPS
     assert rel(got[1], np.asarray(want[1])) < 10 * EPS
 
@@ -88,8 +88,8 @@ def test_jacfwd_and_jacrev_small(rng):
     f = lambda a, b: jfmm.fmm(a, b, eps=EPS, leaf_size=2)    # noqa: E731 (depth 2)
     g = lambda a, b: jfmm.direct(a, b)                        # noqa: E731
     for jac in (jax.jacfwd, jax.jacrev):
-        got = jac(f, (0, 1))(x, q)
-        want = jac(g, (0, 1))(x, q)
+        got = jax.jit(jac(f, (0, 1)))(x, q)
+        want = jax.jit(jac(g, (0, 1)))(x, q)
         for a, b in zip(got, want):
             assert rel(a, np.asarray(b)) < 10 * EPS
 
@@ -105,7 +105,7 @@ def test_hessian_vector_product_of_energy(rng):
         return jax.jvp(jax.grad(energy), (x,), (v,))[1]
 
     got = jax.jit(lambda: hvp(lambda a: jfmm.fmm(a, q, eps=1e-7, leaf_size=8)))()
-    want = hvp(lambda a: jfmm.direct(a, q))
+    want = jax.jit(lambda: hvp(lambda a: jfmm.direct(a, q)))()
     assert np.isfinite(got).all()
     assert rel(got, np.asarray(want)) < 1e-5
 
@@ -124,7 +124,8 @@ def test_grad_through_gradient_output(rng):
     fast = loss(lambda a, b, c: jfmm.fmm(a, b, c, eps=1e-7, gradient=True, leaf_size=8))
     exact = loss(lambda a, b, c: jfmm.direct(a, b, c, gradient=True))
     argnums = (0, 1, 2)
-    for a, b in zip(jax.grad(fast, argnums)(x, q, y), jax.grad(exact, argnums)(x, q, y)):
+    for a, b in zip(jax.jit(jax.grad(fast, argnums))(x, q, y),
+                    jax.jit(jax.grad(exact, argnums))(x, q, y)):
         assert rel(a, np.asarray(b)) < 1e-5
 
 
@@ -134,11 +135,11 @@ def test_plan_apply_gradients(rng):
     x, q = points("sphere", 500, rng), charges(500, rng)
     w = jnp.asarray(rng.normal(size=500))
     pl = jfmm.plan(x, eps=EPS, leaf_size=8)
-    got = jax.grad(lambda b: jnp.sum(w * pl.apply(b)))(q)
-    want = jax.grad(lambda b: jnp.sum(w * jfmm.direct(x, b)))(q)
+    got = jax.jit(jax.grad(lambda b: jnp.sum(w * pl.apply(b))))(q)
+    want = jax.jit(jax.grad(lambda b: jnp.sum(w * jfmm.direct(x, b))))(q)
     assert rel(got, np.asarray(want)) < 10 * EPS
-    got = jax.grad(lambda a: jnp.sum(w * jfmm.plan(a, eps=EPS, leaf_size=8).apply(q)))(x)
-    want = jax.grad(lambda a: jnp.sum(w * jfmm.direct(a, q)))(x)
+    got = jax.jit(jax.grad(lambda a: jnp.sum(w * jfmm.plan(a, eps=EPS, leaf_size=8).apply(q))))(x)
+    want = jax.jit(jax.grad(lambda a: jnp.sum(w * jfmm.direct(a, q))))(x)
     assert rel(got, np.asarray(want)) < 10 * EPS
 
 
@@ -147,8 +148,8 @@ def test_vmap_over_point_sets_equals_loop(rng):
     qs = np.stack([charges(300, rng) for _ in range(3)])
     f = lambda a, b: jfmm.fmm(a, b, eps=EPS, leaf_size=8, gradient=True)   # noqa: E731
     phi, grad = jax.jit(jax.vmap(f))(xs, qs)
-    dx = jax.vmap(jax.grad(lambda a, b: jnp.sum(f(a, b)[0] ** 2)))(xs, qs)
-    want = jax.vmap(jax.grad(lambda a, b: jnp.sum(jfmm.direct(a, b) ** 2)))(xs, qs)
+    dx = jax.jit(jax.vmap(jax.grad(lambda a, b: jnp.sum(f(a, b)[0] ** 2))))(xs, qs)
+    want = jax.jit(jax.vmap(jax.grad(lambda a, b: jnp.sum(jfmm.direct(a, b) ** 2))))(xs, qs)
     for i in range(3):
         p1, g1 = f(xs[i], qs[i])
         np.testing.assert_allclose(phi[i], p1, rtol=1e-10, atol=1e-10)
