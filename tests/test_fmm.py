@@ -169,6 +169,10 @@ class _Counting:
         return driver.laplace3d.Operators(one(8), one(8), m2l)
 
     @staticmethod
+    def m2l_basis(ops):
+        return None
+
+    @staticmethod
     def m2l_matrices(ops, kernel, side, p):
         return ops.m2l
 
