@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -226,6 +226,16 @@ case "$1" in
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
     $r --dim 3 --dtype float32 --eps 1e-5 2>&1 | tee "$out/rbf3_f32_1e-5.md"
     $r --dim 2 --dtype float32 --eps 1e-5 2>&1 | tee "$out/rbf2_f32_1e-5.md"
+    ;;
+  mat)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    for v in 700 1000000000; do
+      echo "JFMM_MATERIALIZE_VALUES=$v"
+      JFMM_MATERIALIZE_VALUES=$v $r --dim 3 --dtype float64 --eps 1e-6 --kernels 10 --profile 2>&1 | tail -2
+      JFMM_MATERIALIZE_VALUES=$v $r --dim 3 --dtype float64 --eps 1e-6 --kernels 10 --order 9 2>&1 | tail -1
+      JFMM_MATERIALIZE_VALUES=$v $r --dim 3 --dtype float32 --eps 1e-5 --kernels 2 2>&1 | tail -1
+      JFMM_MATERIALIZE_VALUES=$v $b --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 0 2>&1 | tail -1
+    done | tee "$out/mat.md"
     ;;
   fgt)
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"

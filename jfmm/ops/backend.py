@@ -122,6 +122,18 @@ def _family_twin(family, p: int, mode: str):
 CHUNK_VALUES = int(os.environ.get("JFMM_CHUNK_VALUES", 2 ** 30))
 
 
+# The jnp P2M reduces per-point products over leaves with segment_sum. On an
+# H200 (jax 0.11.2, N = 2^20, 3D Chebyshev) XLA fused the products into the
+# reduction, which ran 10-25x slower at some widths (float64 n = 9: 51 ms;
+# float32 n = 9 and 10: 23 and 43 ms) than with the products materialized
+# first (5.4, 2.4, 2.8 ms), while narrower products ran faster fused (n <= 8:
+# 0.3-1.4 against 0.7-3.7 ms; float64 n = 10: 2.0 against 6.9 ms).
+# `benchmarks/probe_up.py` measures it. On the GPU, products of at least
+# this many values per point are materialized (an optimization barrier);
+# JFMM_MATERIALIZE_VALUES overrides it (benchmarks).
+MATERIALIZE_VALUES = int(os.environ.get("JFMM_MATERIALIZE_VALUES", 700))
+
+
 def _chunk(n: int, per_point: int) -> int | None:
     """Points per chunk (a power of 2), or None when one pass fits."""
     if n * per_point <= CHUNK_VALUES:
@@ -139,11 +151,14 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str):
     if twin is not None:
         return twin.p2m(u, q, start, p, interpret=mode == "interpret")
     n_leaves = start.shape[0] - 2
+    out = jax.eval_shape(lambda: family.p2m(u[:1], q[:1], p))
+    barrier = mode == "pallas" and out.shape[1] * out.shape[2] >= MATERIALIZE_VALUES
 
     def leaves(uu, qq, ll):
-        return jax.ops.segment_sum(family.p2m(uu, qq, p), ll, n_leaves, indices_are_sorted=True)
+        v = family.p2m(uu, qq, p)
+        v = jax.lax.optimization_barrier(v) if barrier else v
+        return jax.ops.segment_sum(v, ll, n_leaves, indices_are_sorted=True)
 
-    out = jax.eval_shape(lambda: family.p2m(u[:1], q[:1], p))
     c = _chunk(u.shape[0], out.shape[1] * out.shape[2])
     if c is None:
         return leaves(u, q, leaf_of)
