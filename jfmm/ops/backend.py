@@ -19,7 +19,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jfmm.ops import laplace3d, p2p, translate
+from jfmm.ops import chebyshev, laplace3d, p2p, translate
 from jfmm.ops.pallas import laplace3d as pallas_laplace3d
 from jfmm.ops.pallas import m2l as pallas_m2l
 from jfmm.ops.pallas import p2p as pallas_p2p
@@ -128,9 +128,11 @@ CHUNK_VALUES = int(os.environ.get("JFMM_CHUNK_VALUES", 2 ** 30))
 # float32 n = 9 and 10: 23 and 43 ms) than with the products materialized
 # first (5.4, 2.4, 2.8 ms), while narrower products ran faster fused (n <= 8:
 # 0.3-1.4 against 0.7-3.7 ms; float64 n = 10: 2.0 against 6.9 ms).
-# `benchmarks/probe_up.py` measures it. On the GPU, products of at least
-# this many values per point are materialized (an optimization barrier);
-# JFMM_MATERIALIZE_VALUES overrides it (benchmarks).
+# `benchmarks/probe_up.py` measures it. On the GPU, Chebyshev products of
+# at least this many values per point are materialized (an optimization
+# barrier); JFMM_MATERIALIZE_VALUES overrides it (benchmarks). Not for the
+# other families: 3D Laplace's jnp P2M at p = 36 took 103 ms materialized
+# against 69 ms fused (`gpu_run.sh mat`).
 MATERIALIZE_VALUES = int(os.environ.get("JFMM_MATERIALIZE_VALUES", 700))
 
 
@@ -152,7 +154,8 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str):
         return twin.p2m(u, q, start, p, interpret=mode == "interpret")
     n_leaves = start.shape[0] - 2
     out = jax.eval_shape(lambda: family.p2m(u[:1], q[:1], p))
-    barrier = mode == "pallas" and out.shape[1] * out.shape[2] >= MATERIALIZE_VALUES
+    barrier = (mode == "pallas" and isinstance(family, chebyshev.Chebyshev)
+               and out.shape[1] * out.shape[2] >= MATERIALIZE_VALUES)
 
     def leaves(uu, qq, ll):
         v = family.p2m(uu, qq, p)
