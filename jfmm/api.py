@@ -167,9 +167,13 @@ def _jits(fun, static: tuple):
 
 
 def _call(jits, *args, mode: str, **static):
-    """jits[1] for a top-level GPU call, else jits[0]."""
+    """jits[1] for a top-level GPU call, else jits[0]: traced arguments (a
+    user's jit, grad, vmap) take the plain one (under grad the one with
+    options ran its forward pass before jax refused it), and so does a call
+    inside a user's jit on constants, where jax raises."""
     plain, fast = jits
-    if mode != "pallas" or "xla_gpu_enable_triton_gemm" in os.environ.get("XLA_FLAGS", ""):
+    if (mode != "pallas" or "xla_gpu_enable_triton_gemm" in os.environ.get("XLA_FLAGS", "")
+            or not all(map(_concrete, jax.tree_util.tree_leaves(args)))):
         return plain(*args, mode=mode, **static)
     try:
         return fast(*args, mode=mode, **static)

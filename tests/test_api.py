@@ -91,17 +91,30 @@ def test_plan_checks_shapes(rng):
 
 
 def test_top_level_gpu_calls_compile_with_their_options(monkeypatch):
-    """jfmm's top-level GPU calls use the jit with compiler options; inside
-    a user's jit (where jax refuses them) the plain one; a user's XLA_FLAGS
-    setting of the option wins."""
+    """jfmm's top-level GPU calls use the jit with compiler options; traced
+    arguments (jit, grad, vmap) and calls inside a user's jit on constants
+    the plain one; a user's XLA_FLAGS setting of the option wins."""
     monkeypatch.setenv("XLA_FLAGS", "")
-    jits = api._jits(lambda x, mode: 2 * x, ("mode",))
+    used = []
+
+    def spy(name, f):
+        return lambda *a, **k: used.append(name) or f(*a, **k)
+
+    plain, fast = api._jits(lambda x, mode: 2 * x, ("mode",))
+    jits = (spy("plain", plain), spy("fast", fast))
+    call = lambda y: api._call(jits, y, mode="pallas")                  # noqa: E731
     x = jnp.arange(3.0)
-    np.testing.assert_array_equal(api._call(jits, x, mode="pallas"), 2 * x)
-    assert (jits[0]._cache_size(), jits[1]._cache_size()) == (0, 1)
-    np.testing.assert_array_equal(jax.jit(lambda y: api._call(jits, y, mode="pallas"))(x), 2 * x)
-    assert jits[1]._cache_size() == 1
+    np.testing.assert_array_equal(call(x), 2 * x)
+    assert used == ["fast"]
+    for transform in (jax.jit, jax.grad, jax.vmap):
+        used.clear()
+        f = (lambda y: jnp.sum(call(y))) if transform is jax.grad else call
+        transform(f)(x)
+        assert used == ["plain"], transform
+    used.clear()
+    np.testing.assert_array_equal(jax.jit(lambda: call(x))(), 2 * x)   # x a constant
+    assert used == ["fast", "plain"]
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
-    api._call(jits, x, mode="pallas")
-    api._call(jits, x, mode="jnp")
-    assert (jits[0]._cache_size(), jits[1]._cache_size()) == (2, 1)
+    used.clear()
+    call(x)
+    assert used == ["plain"]

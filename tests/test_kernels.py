@@ -118,10 +118,10 @@ def test_closed_form_pair_terms_match_radial(name, rng):
     kern = kernels.get(name, **FORMULAS[name][0])
     generic = super(type(kern), kern).from_r2            # Kernel.from_r2: sqrt and jvp
     for dtype, tol in ((jnp.float64, 1e-13), (jnp.float32, 3e-6)):
-        r2 = jnp.asarray(rng.uniform(1e-4, 9.0, 500) ** 2, dtype)
+        r2 = jnp.asarray(rng.uniform(0.05, 3.0, 500) ** 2, dtype)
         for got, want in zip(kern.from_r2(r2, True), generic(r2, True)):
             assert got.dtype == dtype
-            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(jnp.max(jnp.abs(want))))
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol)    # atol: zeros near r = 1
     r2 = jnp.asarray(rng.uniform(1e-2, 9.0, 50) ** 2)
     d = lambda f: jax.vmap(jax.grad(lambda s: f(s, True)[0] + f(s, True)[1]))(r2)  # noqa: E731
     np.testing.assert_allclose(d(kern.from_r2), d(generic), rtol=1e-10)

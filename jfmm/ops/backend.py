@@ -123,17 +123,19 @@ CHUNK_VALUES = int(os.environ.get("JFMM_CHUNK_VALUES", 2 ** 30))
 
 
 # The jnp P2M reduces per-point products over leaves with segment_sum. On an
-# H200 (jax 0.11.2, N = 2^20, 3D Chebyshev) XLA fused the products into the
-# reduction, which ran 10-25x slower at some widths (float64 n = 9: 51 ms;
-# float32 n = 9 and 10: 23 and 43 ms) than with the products materialized
-# first (5.4, 2.4, 2.8 ms), while narrower products ran faster fused (n <= 8:
-# 0.3-1.4 against 0.7-3.7 ms; float64 n = 10: 2.0 against 6.9 ms).
-# `benchmarks/probe_up.py` measures it. On the GPU, Chebyshev products of
-# at least this many values per point are materialized (an optimization
-# barrier); JFMM_MATERIALIZE_VALUES overrides it (benchmarks). Not for the
-# other families: 3D Laplace's jnp P2M at p = 36 took 103 ms materialized
-# against 69 ms fused (`gpu_run.sh mat`).
-MATERIALIZE_VALUES = int(os.environ.get("JFMM_MATERIALIZE_VALUES", 700))
+# H200 (jax 0.11.2, N = 2^20, 3D Chebyshev, P = n^3 values per point) XLA
+# fused the products into the reduction, which ran 10-25x slower at some
+# widths (float64 n = 9: 51 ms; float32 n = 9 and 10: 23 and 43 ms) than with
+# the products materialized first (5.4, 2.4, 2.8 ms), while the other widths
+# ran faster fused (n <= 8: 0.3-1.4 against 0.7-3.7 ms; float64 n = 10: 2.0
+# against 6.9 ms; n = 11, chunked, alike). `benchmarks/probe_up.py` measures
+# it. On the GPU, Chebyshev P2M products of P in [lo, hi) per point are
+# materialized (an optimization barrier), the measured-slow widths;
+# JFMM_MATERIALIZE_VALUES overrides lo for both dtypes (benchmarks). Not for
+# the other families: 3D Laplace's jnp P2M at p = 36 took 103 ms
+# materialized against 69 ms fused (`gpu_run.sh mat`).
+_lo = int(os.environ.get("JFMM_MATERIALIZE_VALUES", 700))
+MATERIALIZE = {"float32": (_lo, 2 ** 31), "float64": (_lo, 1000)}
 
 
 def _chunk(n: int, per_point: int) -> int | None:
@@ -154,8 +156,9 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str):
         return twin.p2m(u, q, start, p, interpret=mode == "interpret")
     n_leaves = start.shape[0] - 2
     out = jax.eval_shape(lambda: family.p2m(u[:1], q[:1], p))
+    lo, hi = MATERIALIZE.get(out.dtype.name, (0, 0))
     barrier = (mode == "pallas" and isinstance(family, chebyshev.Chebyshev)
-               and out.shape[1] * out.shape[2] >= MATERIALIZE_VALUES)
+               and lo <= out.shape[2] < hi)
 
     def leaves(uu, qq, ll):
         v = family.p2m(uu, qq, p)

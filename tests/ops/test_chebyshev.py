@@ -52,11 +52,11 @@ def test_truncated_translation_matches_the_kernel(rng):
 
 
 def test_p2m_with_materialized_products_matches(rng, monkeypatch):
-    """The GPU backend's P2M materializes wide per-point products before
-    their leaf reduction (`backend.MATERIALIZE_VALUES`): same multipoles, in
-    value and in reverse mode."""
+    """The GPU backend's P2M materializes some per-point products before
+    their leaf reduction (`backend.MATERIALIZE`): same multipoles, in value
+    and in reverse mode."""
     from jfmm.ops import backend
-    monkeypatch.setattr(backend, "MATERIALIZE_VALUES", 1)
+    monkeypatch.setattr(backend, "MATERIALIZE", {"float64": (1, 2 ** 31)})
     n, leaves = 300, 5
     u = jnp.asarray(rng.uniform(-0.5, 0.5, (n, 3)))
     q = jnp.asarray(rng.uniform(-1, 1, (n, 2)))
