@@ -67,10 +67,10 @@ def test_coincident_points_and_box_faces(rng):
     x[700:800, 0] = 0.0
     x[800:900, 1] = 1.0
     q = charges(1200, rng)
-    phi, grad = jfmm.fmm(x, q, eps=1e-9, gradient=True, leaf_size=8)
+    phi, grad = jfmm.fmm(x, q, eps=1e-7, gradient=True, leaf_size=8)
     assert np.isfinite(phi).all() and np.isfinite(grad).all()
     ref, gref = reference(x, q)
-    assert rel(phi, ref) <= 1e-9 and rel(grad, gref) <= 1e-8
+    assert rel(phi, ref) <= 1e-7 and rel(grad, gref) <= 1e-6
 
 
 def test_k_charge_vectors_and_vmap_equal_columns(rng):
