@@ -7,7 +7,6 @@ reduction (as XLA chooses) and materialized first (optimization barrier).
 import importlib
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -15,20 +14,11 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_laplace import median_time  # noqa: E402
 from jfmm.tree import build  # noqa: E402
 
 driver = importlib.import_module("jfmm.fmm")
-
-
-def med(f, *a):
-    jax.block_until_ready(f(*a))
-    ts = []
-    for _ in range(5):
-        t = time.perf_counter()
-        jax.block_until_ready(f(*a))
-        ts.append(time.perf_counter() - t)
-    return np.median(ts) * 1e3
-
 
 rng = np.random.default_rng(0)
 n = 2 ** 20
@@ -45,5 +35,6 @@ for dt in (jnp.float64, jnp.float32):
         barrier = jax.jit(lambda u, q, p=p: jax.ops.segment_sum(
             jax.lax.optimization_barrier(fam.p2m(u, q, p)), tree.src_leaf, 4096,
             indices_are_sorted=True))
-        row.append(f"n={p}: {med(fused, u, q):.2f} / {med(barrier, u, q):.2f}")
+        ms = [median_time(f, u, q, repeats=5) * 1e3 for f in (fused, barrier)]
+        row.append(f"n={p}: {ms[0]:.2f} / {ms[1]:.2f}")
     print(jnp.dtype(dt).name, "fused / barrier ms:", " | ".join(row), flush=True)

@@ -482,7 +482,6 @@ class Chebyshev:
         the last one zero. The node matrices K_o[m, m'] = K(side |xi_m -
         xi_m' - o|) (Q = P, 2D), or in 3D F_E K_o F_E^T (Q = k)."""
         dt = ops.m2m.dtype
-        offsets = lists.m2l_offsets(self.dim)
         if ops.basis is not None:
             canon, which, index, sign = _symmetries(n)
             mats = _truncate(_truncate(_node_matrices(kernel, side, n, 3, canon, dt), n), n)
@@ -492,7 +491,7 @@ class Chebyshev:
             mats = (mats[jnp.asarray(which)[:, None, None], index[:, :, None], index[:, None, :]]
                     * sign[:, :, None] * sign[:, None, :])
         else:
-            mats = _node_matrices(kernel, side, n, self.dim, offsets, dt)
+            mats = _node_matrices(kernel, side, n, self.dim, lists.m2l_offsets(self.dim), dt)
         return jnp.concatenate([mats, jnp.zeros((1,) + mats.shape[1:], dt)])
 
     def p2m(self, u, q, n: int):
