@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat, final, final2)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -236,6 +236,15 @@ case "$1" in
       JFMM_MATERIALIZE_VALUES=$v $r --dim 3 --dtype float32 --eps 1e-5 --kernels 2 2>&1 | tail -1
       JFMM_MATERIALIZE_VALUES=$v $b --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 0 2>&1 | tail -1
     done | tee "$out/mat.md"
+    ;;
+  final)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
+    ;;
+  final2)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3_f32.md"
+    $r --dim 3 --dtype float32 --eps 1e-5 2>&1 | tee "$out/rbf3_f32_1e-5.md"
     ;;
   fgt)
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"
