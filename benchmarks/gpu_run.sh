@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat, final, final2)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat, final, final2, session 15 s15a, s15b)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -245,6 +245,28 @@ case "$1" in
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
     $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3_f32.md"
     $r --dim 3 --dtype float32 --eps 1e-5 2>&1 | tee "$out/rbf3_f32_1e-5.md"
+    ;;
+  s15a)
+    # session 15: the P2P with fast rsqrt and the r = 0 select only where needed
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $py benchmarks/bench_p2p.py --parts all,near,fmm --depths 4,5 --all-n 16,20 \
+      --blocks "8,16,1;8,32,1;8,32,1,1,0;16,16,1;16,64,4" 2>&1 | tee "$out/p2p.md"
+    $b --nmin 14 --nmax 20 --step 2 --dtype float32 --eps 1e-5 --repeats 5 \
+      --direct-max 1048576 2>&1 | tee "$out/f32_cube.md"
+    $b --nmin 22 --nmax 24 --step 2 --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 2>&1 \
+      | tail -2 | tee -a "$out/f32_cube.md"
+    $b --n 1048576 --dist sphere,plummer --dtype float32 --eps 1e-5 --repeats 3 --direct-max 0 \
+      2>&1 | tail -2 | tee -a "$out/f32_cube.md"
+    ;;
+  s15b)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $b --n 1048576 --dtype float64 --eps 1e-10 --repeats 3 --direct-max 0 2>&1 | tee "$out/f64.md"
+    $py benchmarks/bench_rbf.py --n 1048576 --repeats 3 --dim 3 --dtype float32 --eps 1e-4 2>&1 \
+      | tee "$out/rbf3_f32.md"
+    $py benchmarks/bench_peers.py --n 1048576 --jaxfmm-path peers/jaxfmm --eps 1e-5,1e-3 \
+      --tols 5e-3,2e-3 2>&1 | tee "$out/peers_f32.md"
+    unset XLA_FLAGS
+    $py benchmarks/first_call.py laplace3d float32 1e-5 2>&1 | tail -1 | tee "$out/first_call.md"
     ;;
   fgt)
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"

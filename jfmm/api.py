@@ -120,8 +120,7 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
     Memory O((N + M) tile); O(N M) work.
     """
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
-    phi, grad = _direct(sources, charges, sources if targets is None else targets,
-                        kernel, gradient, backend.current())
+    phi, grad = _direct(sources, charges, targets, kernel, gradient, backend.current())
     return _finish(phi, grad, squeeze, gradient)
 
 

@@ -88,12 +88,16 @@ class Kernel:
         k, dk = self.value_and_derivative(r)
         return k, dk / r
 
-    def pair(self, r2, gradient: bool, differentiable: bool = True):
+    def pair(self, r2, gradient: bool, differentiable: bool = True, guard: bool = True):
         """K(r) and, if gradient, K'(r) / r for any r^2 >= 0, always finite:
         at r = 0 the value is K(0) (0 for singular kernels) and the gradient
         factor 0. The P2P inner loop; safe under autodiff (double where)
         unless `differentiable` is False, which lets kernels drop selects
-        that only autodiff needs (the Pallas P2P, never differentiated)."""
+        that only autodiff needs (the Pallas P2P, never differentiated).
+        guard=False is `from_r2` alone, for r^2 known to be > 0 (the Pallas
+        P2P's source chunks that cannot hold a point equal to a target)."""
+        if not guard:
+            return self.from_r2(r2, gradient)
         pos = r2 > 0
         k, g = self.from_r2(jnp.where(pos, r2, 1.0), gradient)
         k = jnp.where(pos, k, 0.0 if self.singular else self.at_zero(r2.dtype))
@@ -142,9 +146,11 @@ class Laplace3D(Kernel):
         inv = jax.lax.rsqrt(r2)
         return inv, (_neg_cube(inv) if gradient else None)
 
-    def pair(self, r2, gradient: bool, differentiable: bool = True):
+    def pair(self, r2, gradient: bool, differentiable: bool = True, guard: bool = True):
         # The gradient factor comes from the already-zeroed 1/r. Outside
         # autodiff rsqrt(0) = inf needs no guard: one select per pair.
+        if not guard:
+            return self.from_r2(r2, gradient)
         pos = r2 > 0
         inv = jax.lax.rsqrt(jnp.where(pos, r2, 1.0) if differentiable else r2)
         inv = jnp.where(pos, inv, 0.0)

