@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat, final, final2, session 15 s15a, s15b)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat, final, final2, session 15 s15a, s15b, s15c)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -267,6 +267,12 @@ case "$1" in
       --tols 5e-3,2e-3 2>&1 | tee "$out/peers_f32.md"
     unset XLA_FLAGS
     $py benchmarks/first_call.py laplace3d float32 1e-5 2>&1 | tail -1 | tee "$out/first_call.md"
+    ;;
+  s15c)
+    # after the scalar-rsqrt fix (InverseMultiquadric's K(0) failed in Triton in s15b)
+    r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
+    $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3_f32.md"
+    $r --dim 3 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
     ;;
   fgt)
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"

@@ -190,6 +190,22 @@ def test_kernel_lowers_to_triton(kernel):
         assert "rsqrt.approx.ftz.f32" in text  # jfmm.ops.pallas.fast_math
 
 
+def test_fast_math_replaces_tensor_rsqrt_only():
+    """float32 1/sqrt of pair tensors becomes PTX; a scalar one (K(0) of a
+    kernel with traced parameters) must not: Triton rejects inline asm
+    with scalar operands only, which lowering on the CPU does not show."""
+    from jfmm.ops import pallas
+
+    def f(eps, r2):
+        return kernels.InverseMultiquadric(eps).pair(r2, True, differentiable=False)
+
+    jaxpr = jax.make_jaxpr(f)(jnp.float32(1.0), jnp.ones((8, 16), jnp.float32)).jaxpr
+    eqns = [e for e in jaxpr.eqns if e.primitive is jax.lax.rsqrt_p]
+    assert sorted(len(e.outvars[0].aval.shape) for e in eqns) == [0, 2]
+    assert [pallas._fast_rsqrt(e) for e in eqns] == [len(e.outvars[0].aval.shape) > 0
+                                                     for e in eqns]
+
+
 def test_dense_with_the_coincidence_check_lowers_to_triton(monkeypatch):
     monkeypatch.setattr(backend, "DENSE_CHECK_RATIO", 0)
     x = jnp.zeros((64, 3), jnp.float32)

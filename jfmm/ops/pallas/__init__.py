@@ -44,6 +44,15 @@ def _asm_rsqrt(x):
         result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, x.dtype)])[0]
 
 
+def _fast_rsqrt(eqn) -> bool:
+    """Whether `fast_math` replaces this equation: a float32 rsqrt of a
+    tensor (Triton's inline asm takes no scalar-only operands: a kernel
+    parameter's 1/sqrt, as in InverseMultiquadric, stays libdevice's)."""
+    aval = eqn.outvars[0].aval
+    return (eqn.primitive is jax.lax.rsqrt_p and aval.dtype == jnp.float32
+            and len(aval.shape) > 0)
+
+
 def _substituted(jaxpr, consts, args):
     """Evaluate a jaxpr, float32 rsqrt as `_asm_rsqrt` (nested jit and
     custom_jvp bodies too; other primitives bind unchanged)."""
@@ -56,7 +65,7 @@ def _substituted(jaxpr, consts, args):
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
         sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-        if eqn.primitive is jax.lax.rsqrt_p and eqn.outvars[0].aval.dtype == jnp.float32:
+        if _fast_rsqrt(eqn):
             outs = [_asm_rsqrt(ins[0])]
         elif eqn.primitive.name in ("pjit", "jit", "closed_call", "custom_jvp_call") and sub is not None:
             outs = _substituted(sub.jaxpr, sub.consts, ins)
