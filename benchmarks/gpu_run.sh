@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: demo plus benchmark tables, written to $OUT (or ./out).
-# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat, final, final2, session 15 s15a, s15b, s15c)
+# Usage: bash benchmarks/gpu_run.sh PART   (PART = a .. z, fgt, fgt2 .. fgt4; sessions 8-12 used e-i, k-z, session 13 fgt*, session 14 prof, prof2, t1, t2, fc, t3, mat, final, final2, session 15 s15a, s15b, s15c, s15d)
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -273,6 +273,16 @@ case "$1" in
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 3"
     $r --dim 3 --dtype float32 --eps 1e-4 2>&1 | tee "$out/rbf3_f32.md"
     $r --dim 3 --dtype float64 --eps 1e-6 2>&1 | tee "$out/rbf3_f64.md"
+    ;;
+  s15d)
+    # the landing code after the review (padding tiles start at M, -0.0 canonicalized)
+    export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+    $py benchmarks/bench_p2p.py --parts all,near,fmm --depths 5 --all-n 20 \
+      --blocks "8,16,1;8,32,1" 2>&1 | tee "$out/p2p.md"
+    $b --n 1048576 --dtype float32 --eps 1e-5 --repeats 5 --direct-max 1048576 2>&1 \
+      | tee "$out/f32.md"
+    $py benchmarks/bench_rbf.py --n 1048576 --repeats 3 --dim 3 --dtype float32 --eps 1e-4 \
+      2>&1 | tee "$out/rbf3_f32.md"
     ;;
   fgt)
     r="$py benchmarks/bench_rbf.py --n 1048576 --repeats 5"

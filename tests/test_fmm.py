@@ -15,9 +15,13 @@ from jfmm.tree import build as build_tree, lists
 driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 
 
-@pytest.mark.parametrize("kind", DISTRIBUTIONS)
-@pytest.mark.parametrize("dtype,eps,leaf", [(np.float64, 1e-10, 64), (np.float64, 1e-7, 12),
-                                            (np.float32, 1e-5, 64), (np.float32, 1e-3, 12)])
+# float64 at 1e-10 (p = 30-36: dense M2L operators of 4-6 GB, 6 s a call on
+# two CPU cores, compile 15 s) on the cube alone, the order rule's worst case
+# (test_rare_slow_pair is another cube); the other rows take every distribution.
+@pytest.mark.parametrize("kind,dtype,eps,leaf", [
+    (kind, *row) for row in [(np.float64, 1e-10, 64), (np.float64, 1e-7, 12),
+                             (np.float32, 1e-5, 64), (np.float32, 1e-3, 12)]
+    for kind in DISTRIBUTIONS if not (row[1] == 1e-10 and kind != "cube")])
 def test_accuracy_vs_direct(kind, dtype, eps, leaf, rng):
     n = 2000
     x, q = points(kind, n, rng), charges(n, rng)
@@ -43,10 +47,10 @@ def test_rare_slow_pair():
 def test_targets_differ_from_sources(kind, rng):
     x, q = points(kind, 1500, rng), charges(1500, rng)
     y = points("cube", 700, rng) * 1.5 - 0.25  # partly outside the sources' box
-    phi, grad = jfmm.fmm(x, q, y, eps=1e-8, gradient=True, leaf_size=16)
+    phi, grad = jfmm.fmm(x, q, y, eps=1e-6, gradient=True, leaf_size=16)
     ref, gref = reference(x, q, y)
     assert phi.shape == (700,) and grad.shape == (700, 3)
-    assert rel(phi, ref) <= 1e-8 and rel(grad, gref) <= 1e-7
+    assert rel(phi, ref) <= 1e-6 and rel(grad, gref) <= 1e-5
 
 
 @pytest.mark.parametrize("n", [1, 2, 7])

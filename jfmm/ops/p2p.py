@@ -86,7 +86,7 @@ def any_coincide(a, b=None):
     (the distance is 0); NaN rows equal nothing."""
     pts = a if b is None else jnp.concatenate([a, b])
     side = jnp.arange(pts.shape[0]) >= a.shape[0]
-    pts = pts + 0.0                                  # -0.0 -> 0.0
+    pts = jnp.where(pts == 0, jnp.zeros_like(pts), pts)   # -0.0 -> 0.0 before sorting
     *cols, side = jax.lax.sort([*pts.T, side], num_keys=pts.shape[1])
     same = jnp.all(jnp.stack([c[1:] == c[:-1] for c in cols]), axis=0)
     if b is not None:  # equal runs holding both sets have a mixed adjacent pair
@@ -109,8 +109,10 @@ def leaf_tiles(tgt_start, n_tgt: int, tile: int):
     n_tiles = -(-n_tgt // tile) + nleaf
     k = jnp.arange(n_tiles, dtype=jnp.int32)
     leaf = jnp.searchsorted(cum, k, side="right").astype(jnp.int32)
+    # Unused tiles start at M (a kernel reading T rows from there stays in
+    # the T rows of padding after the targets).
     first_tile = jnp.concatenate([cum - per_leaf, jnp.zeros(1, cum.dtype)])[leaf]
-    t0 = tgt_start[leaf] + tile * (k - first_tile)
+    t0 = tgt_start[leaf] + tile * jnp.where(leaf < nleaf, k - first_tile, 0)
     t1 = jnp.minimum(t0 + tile, tgt_start[leaf + 1])
     return leaf, t0, t1
 

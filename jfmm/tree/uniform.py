@@ -112,7 +112,11 @@ def root_box(points):
 
 
 def _sort(points, lo, side, depth: int):
-    """Sort points by leaf key. Returns perm, sorted points, start, leaf."""
+    """Sort points by leaf key. Returns perm, sorted points, start, leaf.
+
+    The leaf is a function of the coordinates alone, the same for sources
+    and targets: equal points share a leaf, which the Pallas P2P relies on
+    (its r = 0 select runs only on the target's own leaf)."""
     n, d = points.shape
     nleaf = 2 ** (d * depth)
     safe = jnp.where(jnp.isfinite(points), points, lo)

@@ -75,13 +75,17 @@ def test_dense_matches_jnp(rng):
     assert rel(got[1], np.asarray(want[1])) < 1e-12
 
 
-@pytest.mark.parametrize("case", ["self", "self with a duplicate", "targets", "targets with a hit"])
-@pytest.mark.parametrize("dist", ["cube", "cluster"])
+@pytest.mark.parametrize("case,dist", [("self", "cube"), ("self with a duplicate", "cluster"),
+                                       ("targets", "cluster"), ("targets with a hit", "cube")])
 def test_dense_coincidence_check(case, dist, rng, monkeypatch):
     """All pairs with the sort that limits the r = 0 select to the tiles
     that need it (forced on at this size): exact duplicates anywhere, and
     targets equal to sources, still contribute 0."""
     monkeypatch.setattr(backend, "DENSE_CHECK_RATIO", 0)
+    seen = []  # the select's rows per tile, as dense passes them on
+    near_field = pallas_p2p.near_field
+    monkeypatch.setattr(pallas_p2p, "near_field",
+                        lambda *a, **k: seen.append(k["coincide"]) or near_field(*a, **k))
     x, q = points(dist, 203, rng), charges(203, rng, 2)
     y = None
     if case == "self with a duplicate":
@@ -95,6 +99,17 @@ def test_dense_coincidence_check(case, dist, rng, monkeypatch):
     ref, gref = reference(x, q, y)
     assert np.isfinite(phi).all() and np.isfinite(grad).all()
     assert rel(phi, ref) < 1e-13 and rel(grad, gref) < 1e-13
+    g0, g1 = map(np.asarray, seen[0])
+    m, n = (203 if y is None else 71), 203
+    _, t0, t1 = map(np.asarray, p2p.leaf_tiles(jnp.array([0, m, m]), m,
+                                               backend._dense_blocks.targets))
+    if case in ("self with a duplicate", "targets with a hit"):
+        assert (g0 == 0).all() and (g1 == n).all()
+    elif case == "self":
+        np.testing.assert_array_equal(g0, t0)
+        np.testing.assert_array_equal(g1, t1)
+    else:
+        assert (g1 <= g0).all()
 
 
 def test_pair_outside_the_declared_range_is_not_silent(rng):
@@ -111,6 +126,68 @@ def test_pair_outside_the_declared_range_is_not_silent(rng):
                                    jnp.asarray(q), s_start, jnp.zeros((1, 1), jnp.int32), True,
                                    blocks=b, interpret=True, coincide=none)
     assert not np.isfinite(phi).any()
+
+
+@pytest.mark.parametrize("kernel", [
+    kernels.Laplace3D(), kernels.Gaussian(1.0), kernels.Multiquadric(2.0),
+    kernels.InverseMultiquadric(1.0), kernels.InverseQuadratic(1.0),
+    kernels.ThinPlateSpline(), kernels.Linear(), kernels.Cubic(), kernels.Quintic(),
+    kernels.Yukawa(2.0), kernels.Laplace2D()], ids=lambda k: type(k).__name__)
+def test_unguarded_pair_at_zero_is_right_or_not_finite(kernel):
+    """What a pair at r = 0 outside `coincide` adds: the guarded value where
+    `from_r2` is finite at 0 (the gradient factor then multiplies y - x = 0),
+    else a non-finite value, so an error shows."""
+    z = jnp.zeros((1,))
+    k, g = kernel.pair(z, True, guard=False)
+    want, _ = kernel.pair(z, True)
+    if np.isfinite(k).all() and np.isfinite(g).all():
+        np.testing.assert_allclose(k, want, rtol=1e-15)
+    else:
+        assert not (np.isfinite(k).all() and np.isfinite(g * 0.0).all())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_equal_points_share_a_leaf(dtype, rng):
+    """The rule the P2P's own-leaf select rests on: a target equal to a
+    source lands in the source's leaf, lattice points (box faces at several
+    levels) and -0.0 included."""
+    x = points("cube", 300, rng) - 0.5
+    x[:60] = np.round(x[:60] * 8) / 8
+    x[60:70, 0] = 0.0
+    y = np.concatenate([x[::3], rng.random((40, 3))])
+    y[20:24, 0] = -y[20:24, 0]                # x[60:70:3]: 0.0 -> -0.0
+    assert np.signbit(y[20:24, 0]).all() and (y[:100] == x[::3]).all()
+    t = build(jnp.asarray(x, dtype), jnp.asarray(y, dtype), 4)
+    src_leaf = np.empty(300, int)
+    src_leaf[np.asarray(t.src_perm)] = np.asarray(t.src_leaf)
+    tgt_leaf = np.empty(len(y), int)
+    tgt_leaf[np.asarray(t.tgt_perm)] = np.asarray(t.tgt_leaf)
+    np.testing.assert_array_equal(tgt_leaf[:100], src_leaf[::3])
+
+
+def test_fast_math_keeps_every_kernel_value(monkeypatch):
+    """The jaxpr re-evaluation of `fast_math` changes nothing but the rsqrt
+    (here swapped back to lax.rsqrt, so it runs on the CPU): nested jit,
+    custom_jvp, closures, traced parameters."""
+    from jfmm.ops import pallas
+    monkeypatch.setattr(pallas, "_asm_rsqrt", jax.lax.rsqrt)
+    r2 = jnp.asarray(np.random.default_rng(0).random((8, 16)) + 0.1, jnp.float32)
+    cases = [kernels.Laplace3D(), kernels.Gaussian(1.0), kernels.Multiquadric(2.0),
+             kernels.InverseMultiquadric(1.0), kernels.InverseQuadratic(1.0),
+             kernels.ThinPlateSpline(), kernels.Linear(), kernels.Cubic(), kernels.Quintic(),
+             kernels.Yukawa(2.0), kernels.Laplace2D(),
+             kernels.Radial(jax.jit(lambda r: jax.nn.softplus(-r) * jnp.sinc(r)))]
+    for k in cases:
+        leaves, treedef = jax.tree_util.tree_flatten(k)
+        for guard in (True, False):
+            def f(params, r2):
+                kk = jax.tree_util.tree_unflatten(treedef, params)
+                return kk.pair(r2, True, differentiable=False, guard=guard)
+            params = [jnp.asarray(v, jnp.float32) for v in leaves]
+            want = f(params, r2)
+            got = jax.jit(pallas.fast_math(f, False))(params, r2)
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b)
 
 
 def test_any_coincide():

@@ -146,7 +146,9 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     it skip the kernel's r = 0 select. None: the tile's own leaf (a tree puts
     equal points in one leaf). A pair outside it at r^2 = 0 (an exact
     duplicate, or points closer than sqrt of the smallest normal number:
-    1e-19 in float32) gives inf or NaN, never a silent 0.
+    1e-19 in float32) gets the kernel's `from_r2` at 0: the right terms for
+    kernels smooth there (Gaussian, multiquadrics), inf or NaN for the
+    others (every built-in one is checked in tests), never a silent 0.
     """
     m, dim = tgt_sorted.shape
     n_k = q_sorted.shape[1]
