@@ -29,10 +29,9 @@ def test_accuracy_vs_direct(kind, dtype, eps, leaf, rng):
     assert rel(grad, gref) <= 10 * eps
 
 
-
 def test_float64_at_1e_10(rng):
     """float64 at eps 1e-10 on the uniform cube, the order rule's worst case
-    (p = 30-36: each call builds 4-6 GB of dense M2L operators on the CPU,
+    (p = 30-36: each call builds 2-4 GB of dense M2L operators on the CPU,
     so one compiled size serves two draws): a fresh draw, and one found by
     CI where a source-target pair near facing box corners converges at 0.69x
     per order (p = 30 gave 3.9e-10): the rule must cover such tails, not
@@ -44,6 +43,7 @@ def test_float64_at_1e_10(rng):
         ref, gref = reference(x, q)
         assert phi.dtype == np.float64
         assert rel(phi, ref) <= 1e-10 and rel(grad, gref) <= 1e-9
+
 
 @pytest.mark.parametrize("kind", DISTRIBUTIONS)
 def test_targets_differ_from_sources(kind, rng):
