@@ -101,26 +101,23 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
     whether any target equals a source (other than itself); if none does,
     only the source chunks that hold a tile's own rows (targets None) keep
     the r = 0 select."""
-    if mode == "jnp":
-        return p2p.dense(kernel, sources if targets is None else targets, sources, charges,
-                         gradient)
     y = sources if targets is None else targets
+    if mode == "jnp":
+        return p2p.dense(kernel, y, sources, charges, gradient)
     m, n = y.shape[0], sources.shape[0]
     t_start = jnp.array([0, m, m], jnp.int32)
     s_start = jnp.array([0, n, n], jnp.int32)
     _, t0, t1 = p2p.leaf_tiles(t_start, m, _dense_blocks.targets)
-    everywhere = (jnp.zeros_like(t0), jnp.full_like(t1, n))
-    if m * n < DENSE_CHECK_RATIO * (m + n):
-        coincide = everywhere
-    elif targets is None:
+    g0, g1 = jnp.zeros_like(t0), jnp.full_like(t1, n)        # every source row
+    check = m * n >= DENSE_CHECK_RATIO * (m + n)
+    if check and targets is None:                           # else a tile's own rows
         dup = p2p.any_coincide(sources)
-        coincide = tuple(jnp.where(dup, e, own) for e, own in zip(everywhere, (t0, t1)))
-    else:
-        hit = p2p.any_coincide(sources, targets)
-        coincide = (everywhere[0], jnp.where(hit, everywhere[1], 0))
+        g0, g1 = jnp.where(dup, g0, t0), jnp.where(dup, g1, t1)
+    elif check:                                             # else none
+        g1 = jnp.where(p2p.any_coincide(sources, targets), g1, 0)
     return pallas_p2p.near_field(kernel, y, t_start, sources, charges, s_start,
                                  jnp.zeros((1, 1), jnp.int32), gradient, blocks=_dense_blocks,
-                                 interpret=mode == "interpret", coincide=coincide)
+                                 interpret=mode == "interpret", coincide=(g0, g1))
 
 
 def m2l(mult, level: int, mats, dim: int, mode: str):
