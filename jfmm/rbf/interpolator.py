@@ -1,0 +1,392 @@
+"""RBFInterpolator: scipy's interpolator, solved and evaluated with the FMM."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jfmm import api, kernels
+from jfmm.rbf import polynomial, system
+
+# Below this many data points the system is solved densely, as scipy does.
+DENSE_MAX = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaled(kernels.Kernel):
+    """K(epsilon r) for a kernel without a shape parameter (scipy applies
+    epsilon to every kernel; for these it only rescales)."""
+    base: kernels.Kernel
+    epsilon: float = 1.0
+
+    def radial(self, r):
+        return self.base.radial(self.epsilon * r)
+
+    def from_r2(self, r2, gradient: bool):
+        e2 = self.epsilon * self.epsilon
+        k, g = self.base.from_r2(e2 * r2, gradient)
+        return k, (None if g is None else e2 * g)
+
+
+jax.tree_util.register_dataclass(Scaled, data_fields=["base", "epsilon"], meta_fields=[])
+
+# scipy's kernels: (jfmm kernel class, needs epsilon, minimum degree).
+KERNELS = {
+    "linear": (kernels.Linear, False, 0),
+    "thin_plate_spline": (kernels.ThinPlateSpline, False, 1),
+    "cubic": (kernels.Cubic, False, 1),
+    "quintic": (kernels.Quintic, False, 2),
+    "multiquadric": (kernels.Multiquadric, True, 0),
+    "inverse_multiquadric": (kernels.InverseMultiquadric, True, -1),
+    "inverse_quadratic": (kernels.InverseQuadratic, True, -1),
+    "gaussian": (kernels.Gaussian, True, -1),
+}
+
+
+def kernel_for(name: str, epsilon):
+    """The jfmm kernel K(epsilon r) of scipy's kernel `name`."""
+    cls, scaled, _ = KERNELS[name]
+    return cls(epsilon) if scaled else Scaled(cls(), epsilon)
+
+
+class Static(NamedTuple):
+    """What does not change when parameters are traced (changing it
+    recompiles)."""
+    kernel: str
+    degree: int
+    powers: tuple
+    d_shape: tuple
+    complex: bool
+    method: str
+    fmm_eps: float
+    order: int | None
+    settings: system.Settings | None
+
+
+def _default_tol(dtype) -> float:
+    return 1e-8 if jnp.dtype(dtype) == jnp.float64 else 1e-4
+
+
+class RBFInterpolator:
+    """Radial basis function interpolator, scipy's, with O(N) sums.
+
+    Arguments, defaults, kernel names and errors are those of
+    `scipy.interpolate.RBFInterpolator`:
+
+    y (N, dim) data points, dim 2 or 3; d (N, ...) data values (real or
+    complex); smoothing: float or (N,) array added to the diagonal;
+    kernel: 'thin_plate_spline' (default), 'linear', 'cubic', 'quintic',
+    'multiquadric', 'inverse_multiquadric', 'inverse_quadratic',
+    'gaussian', each evaluated at epsilon r (epsilon required for the last
+    four; 1 by default otherwise); degree: of the added polynomial, by
+    default the kernel's minimum (linear, multiquadric 0; thin-plate,
+    cubic 1; quintic 2; else 0), -1 for none; a degree below the minimum
+    warns. The polynomial is in (x - shift) / scale, the data's bounding
+    box mapped onto [-1, 1]^dim. `neighbors` (local interpolation) is not
+    implemented: anything but None raises NotImplementedError.
+
+    The interpolant s(x) = sum_i c_i K(epsilon |x - y_i|) + P(x) a solves
+    (K + diag(smoothing)) c + P a = d, P^T c = 0.
+
+    Solve (keyword-only extras; scipy has none): `method` 'dense' (LU of
+    the whole system, as scipy; the default up to N = 4096) or 'krylov'
+    (the default above): flexible GMRES on the moment-projected system
+    (`jfmm.rbf.system`) with a multilevel restricted additive Schwarz
+    preconditioner (`jfmm.rbf.schwarz`), every product an FMM sum of a
+    plan built once (family, order and tree fixed). It stops at relative
+    residual of the moment-projected system <= tol (default 1e-8 in float64, 1e-4 in
+    float32) or after maxiter steps (default 300) and raises RuntimeError
+    where tol is not reached (under a trace the coefficients become NaN
+    instead). `fmm_eps`: the FMM's relative error (default tol / 10, at
+    least 3e-6 in float32). `iterations` and `residual` report the solve
+    (0 and the dense solve's residual for 'dense').
+
+    Calling interp(x) with x (M, dim) evaluates s at M points by one FMM
+    sum (the direct sum below 2^24 pairs) plus the polynomial; it returns
+    (M, ...) like d. float32 or float64 follow the inputs (float64 needs
+    jax_enable_x64).
+
+    Differentiable: the object is a pytree (arrays are leaves) and passes
+    through jax.jit. `interp(x)` differentiates with respect to x and the
+    coefficients; `interp.fit(d=..., epsilon=..., smoothing=...)` solves
+    again with new values on the same trees and plans, jit-able and
+    differentiable with respect to all three: the Krylov solve by
+    implicit differentiation (one adjoint solve with the same
+    preconditioner, memory O(N)). The constructor needs concrete y and
+    epsilon (they fix the trees and the FMM order); its `d` and
+    `smoothing` may be traced. The FMM order chosen for the constructor's
+    epsilon is kept by `fit`: tune epsilon within a factor of a few of it,
+    or construct anew.
+
+    Duplicate data points with smoothing 0 make the system singular: the
+    dense solve raises numpy.linalg.LinAlgError, the Krylov solve does not
+    converge and raises RuntimeError.
+    """
+
+    def __init__(self, y, d, neighbors=None, smoothing=0.0, kernel="thin_plate_spline",
+                 epsilon=None, degree=None, *, tol=None, maxiter=300, fmm_eps=None,
+                 method="auto"):
+        if neighbors is not None:
+            raise NotImplementedError(
+                "neighbors (local interpolation from the nearest data points) is not "
+                "implemented: jfmm solves the global interpolant with FMM sums at any N; "
+                "pass neighbors=None")
+        if not isinstance(kernel, str) or kernel.lower() not in KERNELS:
+            raise ValueError(f"`kernel` must be one of {set(KERNELS)}.")
+        kernel = kernel.lower()
+        if isinstance(y, kernels.Tracer):
+            raise TypeError("y must be concrete (the trees are built from its values); "
+                            "differentiate with respect to d, epsilon and smoothing through "
+                            "`fit`, and with respect to evaluation points through `__call__`")
+        y_np = np.asarray(y)
+        if y_np.ndim != 2:
+            raise ValueError("`y` must be a 2-dimensional array.")
+        n, dim = y_np.shape
+        if dim not in (2, 3):
+            raise ValueError(f"y must have 2 or 3 columns (2D or 3D points), got {dim}")
+        if not np.all(np.isfinite(y_np)):
+            raise ValueError("y contains NaN or inf coordinates")
+        d = jnp.asarray(d)
+        if d.ndim == 0 or d.shape[0] != n:
+            raise ValueError(f"Expected the first axis of `d` to have length {n}.")
+        dtype = jnp.result_type(jnp.asarray(y).dtype, d.dtype if not jnp.iscomplexobj(d)
+                                else d.real.dtype, 0.0)
+        if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize < 4:
+            dtype = jnp.result_type(jnp.float32, 0.0)
+        smoothing = jnp.asarray(smoothing, dtype)
+        if smoothing.ndim == 0:
+            smoothing = jnp.full((n,), smoothing, dtype)
+        elif smoothing.shape != (n,):
+            raise ValueError(f"Expected `smoothing` to be a scalar or have shape ({n},).")
+        _, scaled, min_degree = KERNELS[kernel]
+        if epsilon is None:
+            if scaled:
+                raise ValueError("`epsilon` must be specified if `kernel` is not one of "
+                                 f"{ {k for k, v in KERNELS.items() if not v[1]} }.")
+            epsilon = 1.0
+        if isinstance(epsilon, kernels.Tracer):
+            raise TypeError("epsilon must be concrete in the constructor (the FMM order is "
+                            "chosen from it); to differentiate with respect to epsilon, "
+                            "construct with a concrete value and call `fit(epsilon=...)`")
+        epsilon = float(epsilon)
+        if degree is None:
+            degree = max(min_degree, 0)
+        else:
+            degree = int(degree)
+            if degree < -1:
+                raise ValueError("`degree` must be at least -1.")
+            if -1 < degree < min_degree:
+                warnings.warn(f"`degree` should not be below {min_degree} except -1 when "
+                              f"`kernel` is '{kernel}'. The interpolant may not be uniquely "
+                              f"solvable, and the smoothing parameter may have an "
+                              f"unintuitive effect.", UserWarning, stacklevel=2)
+        exponents = polynomial.powers(dim, degree)
+        if exponents.shape[0] > n:
+            raise ValueError(f"At least {exponents.shape[0]} data points are required when "
+                             f"`degree` is {degree} and the number of dimensions is {dim}.")
+        if method == "auto":
+            method = "dense" if n <= DENSE_MAX else "krylov"
+        if method not in ("dense", "krylov"):
+            raise ValueError(f"method must be 'auto', 'dense' or 'krylov', got {method!r}")
+        tol = _default_tol(dtype) if tol is None else float(tol)
+        floor = 3e-6 if jnp.dtype(dtype) == jnp.float32 else 1e-12
+        fmm_eps = max(tol / 10, floor) if fmm_eps is None else float(fmm_eps)
+        if not (tol > 0 and fmm_eps > 0 and int(maxiter) >= 1):
+            raise ValueError("tol and fmm_eps must be > 0 and maxiter >= 1")
+
+        shift, scale = polynomial.shift_and_scale(y_np.astype(np.float64))
+        points = jnp.asarray(y_np, dtype)
+        k = kernel_for(kernel, epsilon)
+        settings = levels = None
+        order = None
+        if method == "krylov":
+            settings = system.Settings(tol=tol, maxiter=int(maxiter))
+            levels = system.hierarchy(y_np.astype(np.float64), points,
+                                      smoothing, k, exponents, fmm_eps, settings)
+            own = levels[0].own
+            order = None if own.plan is None else own.plan.p
+        elif n * n > system.DIRECT_PAIRS:
+            order = api.plan(points, kernel=k, eps=fmm_eps, family="chebyshev").p
+        is_complex = bool(jnp.iscomplexobj(d))
+        self._static = Static(kernel, degree, tuple(map(tuple, exponents.tolist())),
+                              tuple(d.shape[1:]), is_complex, method, fmm_eps, order, settings)
+        self.y = points
+        self._shift = jnp.asarray(shift, dtype)
+        self._scale = jnp.asarray(scale, dtype)
+        self._levels = levels
+        fitted = self.fit(d=d, epsilon=jnp.asarray(epsilon, dtype), smoothing=smoothing)
+        self.__dict__.update(fitted.__dict__)
+        self._raise_if_failed()
+
+    # ------------------------------------------------------------ scipy's names
+    @property
+    def kernel(self) -> str:
+        return self._static.kernel
+
+    @property
+    def degree(self) -> int:
+        return self._static.degree
+
+    @property
+    def powers(self) -> np.ndarray:
+        return np.asarray(self._static.powers, np.int64).reshape(-1, self.y.shape[1])
+
+    @property
+    def d_shape(self) -> tuple:
+        return self._static.d_shape
+
+    @property
+    def method(self) -> str:
+        return self._static.method
+
+    neighbors = None
+
+    # ------------------------------------------------------------ solve
+    def fit(self, d=None, epsilon=None, smoothing=None) -> RBFInterpolator:
+        """A new interpolator for new data values d (N, ...), epsilon or
+        smoothing (scalar or (N,)), on this one's points, trees, FMM order
+        and solver settings. jit-able and differentiable with respect to
+        all three."""
+        st = self._static
+        n, dtype = self.y.shape[0], self.y.dtype
+        d = self.d if d is None else jnp.asarray(d)
+        if d.shape[:1] != (n,) or tuple(d.shape[1:]) != st.d_shape:
+            raise ValueError(f"d must have shape {(n,) + st.d_shape}, got {d.shape}")
+        epsilon = self.epsilon if epsilon is None else jnp.asarray(epsilon, dtype)
+        smoothing = self.smoothing if smoothing is None else jnp.asarray(smoothing, dtype)
+        smoothing = jnp.broadcast_to(smoothing, (n,))
+        values = d.reshape(n, -1)
+        if st.complex:
+            values = jnp.concatenate([values.real, values.imag], axis=1)
+        values = values.astype(dtype)
+        k = kernel_for(st.kernel, epsilon)
+        exponents = self.powers
+        p = polynomial.monomials((self.y - self._shift) / self._scale, exponents)
+        if st.method == "dense":
+            c, a, residual = _dense_solve(self.y, values, smoothing, k, p)
+            iterations = jnp.zeros((), jnp.int32)
+        else:
+            levels = system.with_parameters(self._levels, k, smoothing, exponents,
+                                            st.settings.core)
+            c, a, iterations, residual = _krylov_solve(levels, values, p, st.settings)
+            failed = ~(residual <= st.settings.tol)
+            c = jnp.where(failed, jnp.nan, c)
+            a = jnp.where(failed, jnp.nan, a)
+        new = object.__new__(RBFInterpolator)
+        new.__dict__.update(self.__dict__)
+        new.d, new.epsilon, new.smoothing = d, epsilon, smoothing
+        new._coeffs, new._poly = c, a
+        new.iterations, new.residual = iterations, residual
+        if st.method == "krylov":
+            new._levels = levels
+        return new
+
+    def _raise_if_failed(self):
+        res = self.residual
+        if isinstance(res, kernels.Tracer):
+            return
+        if self.method == "dense":
+            if not bool(jnp.all(jnp.isfinite(self._coeffs))) or float(res) > 1e-4:
+                raise np.linalg.LinAlgError(self._singular_message())
+            return
+        if not float(res) <= self._static.settings.tol:
+            raise RuntimeError(
+                f"the RBF solve did not converge: relative residual {float(res):.2e} after "
+                f"{int(self.iterations)} iterations, tol {self._static.settings.tol:g}. Raise "
+                f"maxiter, loosen tol, lower fmm_eps (the FMM's error bounds the residual "
+                f"reachable; it is {self._static.fmm_eps:g}), or add smoothing (duplicate "
+                f"points with smoothing 0 make the system singular)")
+
+    def _singular_message(self) -> str:
+        p = np.asarray(polynomial.monomials((self.y - self._shift) / self._scale,
+                                            self.powers))
+        if p.shape[1] and np.linalg.matrix_rank(p) < p.shape[1]:
+            return ("Singular matrix. The matrix of monomials evaluated at the data point "
+                    f"coordinates does not have full column rank "
+                    f"({np.linalg.matrix_rank(p)}/{p.shape[1]}).")
+        return ("Singular matrix (duplicate data points with smoothing 0, or a kernel "
+                "below its minimum degree).")
+
+    # ------------------------------------------------------------ evaluate
+    def __call__(self, x):
+        """The interpolant at x (M, dim): (M, ...) like d."""
+        x = jnp.asarray(x)
+        dim = self.y.shape[1]
+        if x.ndim != 2 or x.shape[1] != dim:
+            raise ValueError(f"Expected the second axis of `x` to have length {dim}.")
+        st = self._static
+        x = x.astype(self.y.dtype)
+        k = kernel_for(st.kernel, self.epsilon)
+        n, m = self.y.shape[0], x.shape[0]
+        if n * m > system.DIRECT_PAIRS:
+            out = api.fmm(self.y, self._coeffs, x, kernel=k, eps=st.fmm_eps,
+                          family="chebyshev", order=st.order)
+        else:
+            out = api.direct(self.y, self._coeffs, x, kernel=k)
+        p = polynomial.monomials((x - self._shift) / self._scale, self.powers)
+        out = out + p @ self._poly
+        if st.complex:
+            half = out.shape[1] // 2
+            out = out[:, :half] + 1j * out[:, half:]
+        return out.reshape((m,) + st.d_shape)
+
+    def __repr__(self):
+        return (f"RBFInterpolator(N={self.y.shape[0]}, dim={self.y.shape[1]}, "
+                f"kernel={self.kernel!r}, degree={self.degree}, method={self.method!r})")
+
+
+_LEAVES = ("y", "d", "epsilon", "smoothing", "_shift", "_scale", "_coeffs", "_poly",
+           "_levels", "iterations", "residual")
+
+
+def _flatten(it):
+    return [getattr(it, k) for k in _LEAVES], it._static
+
+
+def _unflatten(static, leaves):
+    it = object.__new__(RBFInterpolator)
+    it.__dict__.update(zip(_LEAVES, leaves))
+    it._static = static
+    return it
+
+
+jax.tree_util.register_pytree_node(RBFInterpolator, _flatten, _unflatten)
+
+
+def _dense_solve(y, values, smoothing, kernel, p):
+    """scipy's solve: LU of [[K + S, P], [P^T, 0]]. Returns c (N, S),
+    a (R, S) and the relative residual of the solve."""
+    n, r = y.shape[0], p.shape[1]
+    r2 = jnp.sum((y[:, None, :] - y[None, :, :]) ** 2, axis=-1)
+    lhs = kernel.pair(r2, False)[0] + jnp.diag(smoothing)
+    lhs = jnp.block([[lhs, p], [p.T, jnp.zeros((r, r), y.dtype)]])
+    rhs = jnp.concatenate([values, jnp.zeros((r, values.shape[1]), y.dtype)])
+    sol = jnp.linalg.solve(lhs, rhs)
+    residual = jnp.linalg.norm(lhs @ sol - rhs) / jnp.maximum(jnp.linalg.norm(rhs),
+                                                               jnp.finfo(y.dtype).tiny)
+    return sol[:n], sol[n:], residual
+
+
+def _krylov_solve(levels, values, p, settings):
+    """Per data column: the projected solve, then the polynomial part by
+    least squares on d - (A + S) c. Returns c (N, S), a (R, S), the most
+    iterations and the worst relative residual over the columns."""
+    top = levels[0]
+
+    def column(v):
+        c, conv = system.solve(levels, v, settings)
+        return c, conv.iterations, conv.residual
+
+    c, iterations, residual = jax.vmap(column, in_axes=1, out_axes=(1, 0, 0))(values)
+    if p.shape[1]:
+        rest = values - jax.vmap(lambda col: system.apply(top, col), in_axes=1,
+                                 out_axes=1)(c)
+        a = jnp.linalg.lstsq(p, rest)[0]
+    else:
+        a = jnp.zeros((0, values.shape[1]), values.dtype)
+    return c, a, jnp.max(iterations), jnp.max(residual)

@@ -1,0 +1,143 @@
+"""Multilevel restricted additive Schwarz for RBF systems.
+
+The preconditioner of Beatson, Light and Billings (SISC 2000) and Haase et
+al. (2018), as ferreus_rbf uses it: on each level the points are cut into
+subdomains by median splits (at most `core` points each, compact in space
+whatever the density), each extended by its nearest points to `extended`
+points; a local RBF problem (kernel plus smoothing, with the polynomial) is
+solved densely on the extended set and only the subdomain's own
+coefficients are kept (restricted additive Schwarz). Between levels the
+correction is multiplicative: the next level's points are one point per
+median-split group of `ratio` points (the one nearest the group's centre,
+so coarse points follow the density), the coarse problem is solved first,
+its residual removed by one sum from coarse to fine points, and the
+subdomain solves act on what is left. The coarsest level is a dense solve.
+
+Geometry (which points, which subdomains) is decided on the host from the
+concrete data points, once; the local inverses depend on the kernel and the
+smoothing and are rebuilt on the device (batched dense solves) whenever
+they change.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jfmm.rbf import polynomial
+
+
+def median_groups(x: np.ndarray, size: int) -> list[np.ndarray]:
+    """Index groups of at most `size` points of x (n, d) by median splits
+    along the widest axis."""
+    out, stack = [], [np.arange(len(x))]
+    while stack:
+        idx = stack.pop()
+        if len(idx) <= size:
+            out.append(idx)
+            continue
+        pts = x[idx]
+        axis = int(np.argmax(pts.max(0) - pts.min(0)))
+        half = len(idx) // 2
+        order = np.argpartition(pts[:, axis], half)
+        stack += [idx[order[half:]], idx[order[:half]]]
+    return out
+
+
+def coarsen(x: np.ndarray, ratio: int) -> np.ndarray:
+    """Sorted indices of one point per median-split group of `ratio`
+    points of x: the point nearest the group's centroid."""
+    pick = [g[np.argmin(np.sum((x[g] - x[g].mean(0)) ** 2, axis=1))]
+            for g in median_groups(x, ratio)]
+    return np.sort(np.asarray(pick))
+
+
+def subdomains(x: np.ndarray, core: int, extended: int):
+    """Subdomains of x (n, d): cores (D, core) and extended sets (D, m_ext),
+    int32, padded with the sentinel n. An extended set starts with its core
+    (padded to `core`) and continues with the nearest points to the core's
+    centroid that are not in the core."""
+    from scipy.spatial import cKDTree
+
+    n = len(x)
+    groups = median_groups(x, core)
+    m_ext = min(extended, n)
+    cores = np.full((len(groups), core), n, np.int32)
+    owner = np.empty(n, np.int64)
+    for i, g in enumerate(groups):
+        cores[i, :len(g)] = g
+        owner[g] = i
+    centres = np.stack([x[g].mean(0) for g in groups])
+    _, near = cKDTree(x).query(centres, k=m_ext)
+    near = near.reshape(len(groups), m_ext)
+    outside = owner[near] != np.arange(len(groups))[:, None]
+    order = np.argsort(~outside, axis=1, kind="stable")       # outside points first, nearest first
+    extra = np.take_along_axis(near, order, axis=1)[:, :max(m_ext - core, 0)]
+    extra = np.where(np.take_along_axis(outside, order, axis=1)[:, :extra.shape[1]], extra, n)
+    return cores, np.concatenate([cores, extra.astype(np.int32)], axis=1)
+
+
+def _saddle(kernel, pts, valid, smoothing, powers):
+    """The local system [[K + S, P], [P^T, 0]] of points pts (m, d); rows
+    of invalid (padding) points are those of the identity. The monomials
+    are of locally centred and scaled coordinates: they span the same
+    polynomials as the global ones, better conditioned."""
+    r2 = jnp.sum((pts[:, None, :] - pts[None, :, :]) ** 2, axis=-1)
+    both = valid[:, None] & valid[None, :]
+    k = jnp.where(both, kernel.pair(r2, False)[0], 0.0)
+    k = k + jnp.diag(jnp.where(valid, smoothing, 1.0))
+    if powers.shape[0] == 0:
+        return k
+    w = valid[:, None].astype(pts.dtype)
+    centre = jnp.sum(pts * w, 0) / jnp.maximum(jnp.sum(w), 1)
+    scale = jnp.max(jnp.abs(pts - centre) * w, axis=0)
+    scale = jnp.where(scale > 0, scale, 1.0)
+    p = polynomial.monomials((pts - centre) / scale, powers) * w
+    r = powers.shape[0]
+    top = jnp.concatenate([k, p], axis=1)
+    bottom = jnp.concatenate([p.T, jnp.zeros((r, r), pts.dtype)], axis=1)
+    return jnp.concatenate([top, bottom], axis=0)
+
+
+def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: int = 64):
+    """G (D, n_core, m_ext): rows of the local systems' inverses that map
+    an extended set's residual to its core's coefficients.
+
+    points (n, d), smoothing (n,), ext (D, m_ext) int (sentinel n). A
+    subdomain whose local system is singular (degenerate local points)
+    gets G = 0: the preconditioner then skips it, and the outer solve's
+    residual check still holds."""
+    n, dim = points.shape
+    padded = jnp.concatenate([points, jnp.zeros((1, dim), points.dtype)])
+    smooth = jnp.concatenate([smoothing, jnp.ones((1,), smoothing.dtype)])
+    m_ext = ext.shape[1]
+
+    def one(e):
+        valid = e < n
+        s = _saddle(kernel, padded[e], valid, smooth[e], powers)
+        rhs = jnp.eye(s.shape[0], n_core, dtype=points.dtype)
+        g = jnp.linalg.solve(s, rhs)[:m_ext].T
+        return jnp.where(jnp.all(jnp.isfinite(g)), g, 0.0)
+
+    d = ext.shape[0]
+    pad = (-d) % chunk
+    blocks = jnp.concatenate([ext, jnp.full((pad, m_ext), n, ext.dtype)]).reshape(-1, chunk,
+                                                                                    m_ext)
+    g = jax.lax.map(jax.vmap(one), blocks)
+    return g.reshape(-1, n_core, m_ext)[:d]
+
+
+def coarsest_inverse(kernel, points, smoothing, powers):
+    """The coefficient block of the inverse of the whole saddle system on
+    the coarsest level's points: (n, n)."""
+    n = points.shape[0]
+    s = _saddle(kernel, points, jnp.ones((n,), bool), smoothing, powers)
+    return jnp.linalg.solve(s, jnp.eye(s.shape[0], n, dtype=points.dtype))[:n]
+
+
+def restricted_solves(G, cores, ext, r):
+    """sum over subdomains of R_core^T G R_ext r: (n,) from r (n,)."""
+    n = r.shape[0]
+    rp = jnp.concatenate([r, jnp.zeros((1,), r.dtype)])
+    z = jnp.einsum("dme,de->dm", G, rp[ext])
+    return jnp.zeros((n + 1,), r.dtype).at[cores].set(z)[:n]

@@ -1,0 +1,209 @@
+"""The RBF system on a hierarchy of point sets, for the Krylov solve.
+
+The interpolation conditions (A + S) c + P a = d, P^T c = 0 are solved in
+the subspace of coefficients with vanishing moments: with U an orthonormal
+basis of range(P) and Pi = I - U U^T, Pi (A + S) Pi c = Pi d, then
+a = (P^T P)^-1 P^T (d - (A + S) c). For the kernels at or above their
+minimum polynomial degree Pi (A + S) Pi is positive definite there.
+
+Levels: level 0 holds the data points; level l + 1 a coarse subset of
+level l (`schwarz.coarsen`); the last level is solved densely. Every sum
+between point sets is one `PairSum`: an FMM `Plan` built once (tree,
+family, order), or the direct sum where that is cheaper.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jfmm import api
+from jfmm.rbf import krylov, polynomial, schwarz
+
+# Direct sums below this many pairs (an FMM's set-up and far field cost more).
+DIRECT_PAIRS = 2 ** 24
+
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["plan", "sources", "targets", "kernel"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class PairSum:
+    """phi(targets) = sum over sources of K(|t - s|) q: an FMM plan, or
+    (plan None) the direct sum of sources (n, d) to targets (m, d)."""
+    plan: api.Plan | None
+    sources: jax.Array
+    targets: jax.Array
+    kernel: object
+
+    def __call__(self, q):
+        if self.plan is not None:
+            return self.plan.apply(q)
+        return api.direct(self.sources, q, self.targets, kernel=self.kernel)
+
+    def with_kernel(self, kernel) -> PairSum:
+        plan = None if self.plan is None else dataclasses.replace(self.plan, kernel=kernel)
+        return dataclasses.replace(self, plan=plan, kernel=kernel)
+
+
+def pair_sum(sources, targets, kernel, eps: float, order: int | None = None) -> PairSum:
+    """A `PairSum`, built once: the FMM family "chebyshev" (every RBF kernel)
+    with the order chosen for eps, or given."""
+    n, m = sources.shape[0], targets.shape[0]
+    plan = None
+    if n * m > DIRECT_PAIRS:
+        same = targets is sources
+        plan = api.plan(sources, None if same else targets, kernel=kernel, eps=eps,
+                        family="chebyshev", order=order)
+    return PairSum(plan, sources, targets, kernel)
+
+
+class Level(NamedTuple):
+    """One level of n_l points (D subdomains of n_core points, extended to
+    m_ext). Arrays:
+      points (n_l, d), members (n_l,) int32: their positions among the
+      data points, smoothing (n_l,), basis (n_l, R): orthonormal basis
+      of the monomials at the points; own: PairSum of the level to itself;
+      down: PairSum from the next level's points to these (None on the
+      last level); sub (n_{l+1},) int32: the next level's points' positions
+      here; cores (D, n_core), ext (D, m_ext) int32 (sentinel n_l);
+      inverse: (D, n_core, m_ext) local inverse rows, or on the last level
+      the dense (n_l, n_l) coefficient block of the inverse.
+    """
+    points: jax.Array
+    members: jax.Array
+    smoothing: jax.Array
+    basis: jax.Array
+    own: PairSum | None
+    down: PairSum | None
+    sub: jax.Array | None
+    cores: jax.Array | None
+    ext: jax.Array | None
+    inverse: jax.Array | None
+
+
+class Settings(NamedTuple):
+    """Static solver settings (changing them recompiles)."""
+    tol: float
+    maxiter: int
+    restart: int = 30
+    inner: int = 8              # FGMRES steps of each coarse level's solve
+    core: int = 64              # points a subdomain owns
+    extended: int = 256         # points a subdomain solves on
+    ratio: int = 16             # fine points per coarse point
+    coarsest: int = 2000        # dense solve at or below this many points
+
+
+def _projector(points, exponents):
+    p = polynomial.monomials(points, exponents)
+    if p.shape[1] == 0:
+        return p
+    return jnp.linalg.qr(p)[0]
+
+
+def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
+              settings: Settings) -> tuple[Level, ...]:
+    """The levels for data points y (n, d) (host copy, float64) and their
+    device copy `points` (scaled for the polynomial by the caller), without
+    local inverses (`with_inverses` adds them)."""
+    index = [np.arange(len(y))]
+    while len(index[-1]) > settings.coarsest:
+        index.append(index[-1][schwarz.coarsen(y[index[-1]], settings.ratio)])
+    order = None
+    levels = []
+    for l, idx in enumerate(index):
+        pts, smooth = points[idx], smoothing[idx]
+        last = l == len(index) - 1
+        own = None
+        if l == 0 or not last:
+            own = pair_sum(pts, pts, kernel, eps, order)
+            order = order if own.plan is None else own.plan.p
+        down = sub = cores = ext = None
+        if not last:
+            nxt = index[l + 1]
+            sub = jnp.asarray(np.searchsorted(idx, nxt), jnp.int32)
+            down = pair_sum(points[nxt], pts, kernel, eps, order)
+            c, e = schwarz.subdomains(y[idx], settings.core, settings.extended)
+            cores, ext = jnp.asarray(c), jnp.asarray(e)
+        levels.append(Level(pts, jnp.asarray(idx, jnp.int32), smooth, _projector(pts, exponents), own, down, sub, cores,
+                            ext, None))
+    return tuple(levels)
+
+
+def with_parameters(levels, kernel, smoothing, exponents, core: int):
+    """Levels for a kernel (new parameters) and smoothing (n,) of the data
+    points: the sums take the kernel, the local inverses are rebuilt (not
+    differentiated: they only precondition)."""
+    out = []
+    frozen = jax.lax.stop_gradient(kernel)
+    for lev in levels:
+        smooth = smoothing[lev.members]
+        own = None if lev.own is None else lev.own.with_kernel(kernel)
+        down = None if lev.down is None else lev.down.with_kernel(kernel)
+        s = jax.lax.stop_gradient(smooth)
+        if lev.ext is None:
+            inv = schwarz.coarsest_inverse(frozen, lev.points, s, exponents)
+        else:
+            inv = schwarz.local_inverses(frozen, lev.points, s, lev.ext, core, exponents)
+        out.append(lev._replace(smoothing=smooth, own=own, down=down, inverse=inv))
+    return tuple(out)
+
+
+def project(basis, v):
+    """Pi v = v - U U^T v (v (n,))."""
+    if basis.shape[1] == 0:
+        return v
+    return v - basis @ (basis.T @ v)
+
+
+def apply(level: Level, c):
+    """(A + S) c on a level, c (n_l,)."""
+    return level.own(c) + level.smoothing * c
+
+
+def operator(level: Level, c):
+    """Pi (A + S) Pi c."""
+    basis = jax.lax.stop_gradient(level.basis)
+    return project(basis, apply(level, project(basis, c)))
+
+
+def precondition(levels, l: int, r, settings: Settings):
+    """An approximate solution z (n_l,) of Pi (A + S) Pi z = r on level l:
+    the coarse level's solution, then restricted additive Schwarz on the
+    residual it leaves (multiplicative between levels)."""
+    lev = jax.lax.stop_gradient(levels[l])
+    if lev.ext is None:
+        return lev.inverse @ r
+    coarse = _solve_level(levels, l + 1, r[lev.sub], settings)
+    r1 = r - project(lev.basis, lev.down(coarse)
+                     + jnp.zeros_like(r).at[lev.sub].set(lev.smoothing[lev.sub] * coarse))
+    z = jnp.zeros_like(r).at[lev.sub].set(coarse)
+    z = z + schwarz.restricted_solves(lev.inverse, lev.cores, lev.ext, r1)
+    return project(lev.basis, z)
+
+
+def _solve_level(levels, l: int, r, settings: Settings):
+    """Level l's problem for the residual r: dense on the last level, else
+    `settings.inner` FGMRES steps preconditioned by the level below."""
+    lev = jax.lax.stop_gradient(levels[l])
+    if lev.ext is None:
+        return lev.inverse @ r
+    b = project(lev.basis, r)
+    x, _ = krylov.fgmres(lambda c: operator(lev, c), b,
+                         lambda v: precondition(levels, l, v, settings), tol=0.0,
+                         restart=settings.inner, maxiter=settings.inner, recompute=False)
+    return x
+
+
+def solve(levels, d, settings: Settings):
+    """Coefficients c (n,) with vanishing moments solving the projected
+    system for data d (n,), and a `krylov.Convergence`."""
+    top = levels[0]
+    basis = jax.lax.stop_gradient(top.basis)
+    return krylov.solve(lambda c: operator(top, c), project(basis, d),
+                        lambda v: precondition(levels, 0, v, settings), tol=settings.tol,
+                        restart=settings.restart, maxiter=settings.maxiter,
+                        project=lambda v: project(basis, v))
