@@ -219,7 +219,9 @@ class RBFInterpolator:
         self._shift = jnp.asarray(shift, dtype)
         self._scale = jnp.asarray(scale, dtype)
         self._levels = levels
-        fitted = self.fit(d=d, epsilon=jnp.asarray(epsilon, dtype), smoothing=smoothing)
+        self.d, self.epsilon, self.smoothing = d, jnp.asarray(epsilon, dtype), smoothing
+        self._coeffs = self._poly = self.iterations = self.residual = None
+        fitted = _fit(self, d, jnp.asarray(epsilon, dtype), smoothing)
         self.__dict__.update(fitted.__dict__)
         self._raise_if_failed()
 
@@ -356,6 +358,9 @@ def _unflatten(static, leaves):
 
 
 jax.tree_util.register_pytree_node(RBFInterpolator, _flatten, _unflatten)
+
+# The constructor's solve, compiled once per shapes and settings.
+_fit = jax.jit(lambda it, d, epsilon, smoothing: it.fit(d, epsilon, smoothing))
 
 
 def _dense_solve(y, values, smoothing, kernel, p):

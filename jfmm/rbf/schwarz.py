@@ -8,8 +8,8 @@ points; a local RBF problem (kernel plus smoothing, with the polynomial) is
 solved densely on the extended set and only the subdomain's own
 coefficients are kept (restricted additive Schwarz). Between levels the
 correction is multiplicative: the next level's points are one point per
-median-split group of `ratio` points (the one nearest the group's centre,
-so coarse points follow the density), the coarse problem is solved first,
+`ratio` consecutive points in Morton order (the one nearest the group's
+centre, so coarse points follow the density), the coarse problem is solved first,
 its residual removed by one sum from coarse to fine points, and the
 subdomain solves act on what is left. The coarsest level is a dense solve.
 
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jfmm.rbf import polynomial
+from jfmm.tree import morton
 
 
 def median_groups(x: np.ndarray, size: int) -> list[np.ndarray]:
@@ -45,11 +46,22 @@ def median_groups(x: np.ndarray, size: int) -> list[np.ndarray]:
 
 
 def coarsen(x: np.ndarray, ratio: int) -> np.ndarray:
-    """Sorted indices of one point per median-split group of `ratio`
-    points of x: the point nearest the group's centroid."""
-    pick = [g[np.argmin(np.sum((x[g] - x[g].mean(0)) ** 2, axis=1))]
-            for g in median_groups(x, ratio)]
-    return np.sort(np.asarray(pick))
+    """Sorted indices of one point per group of `ratio` consecutive points
+    of x in Morton order (the finest keys int32 holds): the point nearest
+    the group's centroid. Equal counts per group, so the coarse points
+    follow the density."""
+    n, dim = x.shape
+    level = morton.MAX_DEPTH[dim]
+    lo, hi = x.min(0), x.max(0)
+    cells = np.clip((x - lo) / np.maximum(hi - lo, 1e-300) * 2 ** level, 0, 2 ** level - 1)
+    order = np.argsort(np.asarray(morton.encode(cells.astype(np.int32), level)), kind="stable")
+    groups = -(-n // ratio)
+    slots = np.concatenate([order, np.full(groups * ratio - n, -1)]).reshape(groups, ratio)
+    valid = slots >= 0
+    pts = x[np.where(valid, slots, 0)]
+    centre = (pts * valid[..., None]).sum(1) / valid.sum(1)[:, None]
+    dist = np.where(valid, np.sum((pts - centre[:, None]) ** 2, axis=-1), np.inf)
+    return np.sort(slots[np.arange(groups), np.argmin(dist, axis=1)])
 
 
 def subdomains(x: np.ndarray, core: int, extended: int):
@@ -68,7 +80,7 @@ def subdomains(x: np.ndarray, core: int, extended: int):
         cores[i, :len(g)] = g
         owner[g] = i
     centres = np.stack([x[g].mean(0) for g in groups])
-    _, near = cKDTree(x).query(centres, k=m_ext)
+    _, near = cKDTree(x).query(centres, k=m_ext, workers=-1)
     near = near.reshape(len(groups), m_ext)
     outside = owner[near] != np.arange(len(groups))[:, None]
     order = np.argsort(~outside, axis=1, kind="stable")       # outside points first, nearest first
