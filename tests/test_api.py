@@ -10,7 +10,8 @@ from jfmm import api, kernels
 
 
 def test_public_names_frozen():
-    assert sorted(jfmm.__all__) == ["Plan", "direct", "fmm", "kernels", "plan"]
+    assert sorted(jfmm.__all__) == ["Plan", "RBFInterpolator", "direct", "fmm", "kernels",
+                                    "plan"]
     assert kernels.__all__ == [
         "Kernel", "Gaussian", "Multiquadric", "InverseMultiquadric", "InverseQuadratic",
         "ThinPlateSpline", "Linear", "Cubic", "Quintic", "Yukawa", "Laplace2D", "Laplace3D",

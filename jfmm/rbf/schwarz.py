@@ -8,7 +8,7 @@ points; a local RBF problem (kernel plus smoothing, with the polynomial) is
 solved densely on the extended set and only the subdomain's own
 coefficients are kept (restricted additive Schwarz). Between levels the
 correction is multiplicative: the next level's points are one point per
-`ratio` consecutive points in Morton order (the one nearest the group's
+median-split group of about `ratio` points (the one nearest the group's
 centre, so coarse points follow the density), the coarse problem is solved first,
 its residual removed by one sum from coarse to fine points, and the
 subdomain solves act on what is left. The coarsest level is a dense solve.
@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jfmm.rbf import polynomial
-from jfmm.tree import morton
 
 
 def median_groups(x: np.ndarray, size: int) -> list[np.ndarray]:
@@ -45,41 +44,66 @@ def median_groups(x: np.ndarray, size: int) -> list[np.ndarray]:
     return out
 
 
-def coarsen(x: np.ndarray, ratio: int) -> np.ndarray:
-    """Sorted indices of one point per group of `ratio` consecutive points
-    of x in Morton order (the finest keys int32 holds): the point nearest
-    the group's centroid. Equal counts per group, so the coarse points
+def padded(groups: list[np.ndarray], width: int, fill: int) -> np.ndarray:
+    """Index groups as rows (G, width), padded with `fill`."""
+    out = np.full((len(groups), width), fill, np.int64)
+    for i, g in enumerate(groups):
+        out[i, :len(g)] = g
+    return out
+
+
+def _halve(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Each row (of indices into x, -1 for padding) split at its median
+    along its widest axis: (G, m) -> (2G, m / 2)."""
+    valid = rows >= 0
+    pts = x[np.where(valid, rows, 0)]
+    lo = np.where(valid[..., None], pts, np.inf).min(1)
+    hi = np.where(valid[..., None], pts, -np.inf).max(1)
+    axis = np.argmax(hi - lo, axis=1)
+    key = np.where(valid, np.take_along_axis(pts, axis[:, None, None], 2)[..., 0], np.inf)
+    ranked = np.take_along_axis(rows, np.argsort(key, axis=1, kind="stable"), 1)
+    count = valid.sum(1, keepdims=True)
+    half, width = count // 2, rows.shape[1] // 2
+    slot = np.arange(width)[None, :]
+    left = np.where(slot < half, ranked[:, :width], -1)
+    right = np.take_along_axis(ranked, np.minimum(half + slot, rows.shape[1] - 1), 1)
+    right = np.where(half + slot < count, right, -1)
+    return np.concatenate([left, right])
+
+
+def coarsen(x: np.ndarray, groups: np.ndarray, parts: int) -> np.ndarray:
+    """Sorted indices of the coarse points: each median-split group (rows
+    of `groups`, padded with -1) halved further into `parts` (a power of 2)
+    groups, and of each the point nearest its centroid, so coarse points
     follow the density."""
-    n, dim = x.shape
-    level = morton.MAX_DEPTH[dim]
-    lo, hi = x.min(0), x.max(0)
-    cells = np.clip((x - lo) / np.maximum(hi - lo, 1e-300) * 2 ** level, 0, 2 ** level - 1)
-    order = np.argsort(np.asarray(morton.encode(cells.astype(np.int32), level)), kind="stable")
-    groups = -(-n // ratio)
-    slots = np.concatenate([order, np.full(groups * ratio - n, -1)]).reshape(groups, ratio)
-    valid = slots >= 0
-    pts = x[np.where(valid, slots, 0)]
+    rows = groups
+    while rows.shape[0] < parts * groups.shape[0]:
+        rows = _halve(x, rows)
+    valid = rows >= 0
+    keep = valid.any(1)
+    rows, valid = rows[keep], valid[keep]
+    pts = x[np.where(valid, rows, 0)]
     centre = (pts * valid[..., None]).sum(1) / valid.sum(1)[:, None]
     dist = np.where(valid, np.sum((pts - centre[:, None]) ** 2, axis=-1), np.inf)
-    return np.sort(slots[np.arange(groups), np.argmin(dist, axis=1)])
+    return np.sort(rows[np.arange(len(rows)), np.argmin(dist, axis=1)])
 
 
-def subdomains(x: np.ndarray, core: int, extended: int):
-    """Subdomains of x (n, d): cores (D, core) and extended sets (D, m_ext),
+def subdomains(x: np.ndarray, groups: np.ndarray, extended: int):
+    """Subdomains of x (n, d) with the median-split groups (G, core) as
+    cores (padded with -1): cores (G, core) and extended sets (G, m_ext),
     int32, padded with the sentinel n. An extended set starts with its core
-    (padded to `core`) and continues with the nearest points to the core's
-    centroid that are not in the core."""
+    and continues with the points nearest the core's centroid that are not
+    in it."""
     from scipy.spatial import cKDTree
 
-    n = len(x)
-    groups = median_groups(x, core)
+    n, core = len(x), groups.shape[1]
     m_ext = min(extended, n)
-    cores = np.full((len(groups), core), n, np.int32)
+    valid = groups >= 0
+    cores = np.where(valid, groups, n).astype(np.int32)
     owner = np.empty(n, np.int64)
-    for i, g in enumerate(groups):
-        cores[i, :len(g)] = g
-        owner[g] = i
-    centres = np.stack([x[g].mean(0) for g in groups])
+    owner[groups[valid]] = np.nonzero(valid)[0]
+    pts = x[np.where(valid, groups, 0)]
+    centres = (pts * valid[..., None]).sum(1) / valid.sum(1)[:, None]
     _, near = cKDTree(x).query(centres, k=m_ext, workers=-1)
     near = near.reshape(len(groups), m_ext)
     outside = owner[near] != np.arange(len(groups))[:, None]

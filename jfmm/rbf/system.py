@@ -93,7 +93,7 @@ class Settings(NamedTuple):
     inner: int = 8              # FGMRES steps of each coarse level's solve
     core: int = 64              # points a subdomain owns
     extended: int = 256         # points a subdomain solves on
-    ratio: int = 16             # fine points per coarse point
+    ratio: int = 16             # fine points per coarse point (core / ratio a power of 2)
     coarsest: int = 2000        # dense solve at or below this many points
 
 
@@ -106,30 +106,30 @@ def _projector(points, exponents):
 
 def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
               settings: Settings) -> tuple[Level, ...]:
-    """The levels for data points y (n, d) (host copy, float64) and their
-    device copy `points` (scaled for the polynomial by the caller), without
-    local inverses (`with_inverses` adds them)."""
-    index = [np.arange(len(y))]
-    while len(index[-1]) > settings.coarsest:
-        index.append(index[-1][schwarz.coarsen(y[index[-1]], settings.ratio)])
-    order = None
-    levels = []
-    for l, idx in enumerate(index):
+    """The levels for data points y (n, d) (host copy, float64), their
+    device copy `points` and smoothing (n,), without local inverses
+    (`with_parameters` adds them). Host work: median splits, k-NN queries."""
+    idx, order, levels = np.arange(len(y)), None, []
+    while True:
         pts, smooth = points[idx], smoothing[idx]
-        last = l == len(index) - 1
-        own = None
-        if l == 0 or not last:
+        last = len(idx) <= settings.coarsest
+        own = down = sub = cores = ext = None
+        if not last or not levels:
             own = pair_sum(pts, pts, kernel, eps, order)
             order = order if own.plan is None else own.plan.p
-        down = sub = cores = ext = None
         if not last:
-            nxt = index[l + 1]
-            sub = jnp.asarray(np.searchsorted(idx, nxt), jnp.int32)
-            down = pair_sum(points[nxt], pts, kernel, eps, order)
-            c, e = schwarz.subdomains(y[idx], settings.core, settings.extended)
+            groups = schwarz.padded(schwarz.median_groups(y[idx], settings.core),
+                                    settings.core, -1)
+            local = schwarz.coarsen(y[idx], groups, settings.core // settings.ratio)
+            sub = jnp.asarray(local, jnp.int32)
+            down = pair_sum(pts[local], pts, kernel, eps, order)
+            c, e = schwarz.subdomains(y[idx], groups, settings.extended)
             cores, ext = jnp.asarray(c), jnp.asarray(e)
-        levels.append(Level(pts, jnp.asarray(idx, jnp.int32), smooth, _projector(pts, exponents), own, down, sub, cores,
-                            ext, None))
+        levels.append(Level(pts, jnp.asarray(idx, jnp.int32), smooth,
+                            _projector(pts, exponents), own, down, sub, cores, ext, None))
+        if last:
+            break
+        idx = idx[local]
     return tuple(levels)
 
 

@@ -1,0 +1,240 @@
+"""jfmm.RBFInterpolator against scipy.interpolate.RBFInterpolator (float64,
+its dense LU solve), finite differences, and its error paths."""
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.interpolate import RBFInterpolator as ScipyRBF
+
+import jfmm
+from jfmm.rbf import system
+
+SCALED = {"multiquadric": 8.0, "inverse_multiquadric": 8.0, "inverse_quadratic": 8.0,
+          "gaussian": 8.0}
+KERNELS = ["thin_plate_spline", "linear", "cubic", "quintic", *SCALED]
+
+
+def sites(kind, n, rng, dim):
+    """Scattered data sites: uniform, or three clusters of different widths."""
+    if kind == "uniform":
+        return rng.random((n, dim))
+    centres = rng.random((3, dim))
+    width = np.array([0.02, 0.05, 0.1])[rng.integers(0, 3, n)]
+    return centres[rng.integers(0, 3, n)] + width[:, None] * rng.normal(size=(n, dim))
+
+
+def values(y, rng, k=None):
+    """A smooth function plus a random polynomial-free wiggle, (n,) or (n, k)."""
+    f = np.exp(-np.sum((3 * y - 1) ** 2, axis=1)) + 0.5 * np.sin(5 * y[:, 0]) * y[:, 1]
+    if k is None:
+        return f
+    return f[:, None] * rng.normal(size=(1, k)) + rng.normal(size=(1, k))
+
+
+def rel(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.fixture
+def small_levels(monkeypatch):
+    """Multilevel preconditioners at CPU sizes: dense at or below 150 points."""
+    monkeypatch.setattr(system.Settings.__new__, "__defaults__",
+                        (30, 8, 32, 128, 8, 150))
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_dense_matches_scipy_every_kernel(kernel, dim, rng):
+    y = sites("uniform", 400, rng, dim)
+    x = rng.random((100, dim))
+    d = values(y, rng)
+    eps = SCALED.get(kernel)
+    ours = jfmm.RBFInterpolator(y, d, kernel=kernel, epsilon=eps)
+    scipy = ScipyRBF(y, d, kernel=kernel, epsilon=eps)
+    assert ours.method == "dense"
+    np.testing.assert_array_equal(ours.powers, scipy.powers)
+    assert rel(ours(x), scipy(x)) < 1e-7
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2])
+def test_degrees_smoothing_and_vector_values(degree, rng):
+    y = sites("uniform", 300, rng, 3)
+    d = values(y, rng, k=3).reshape(300, 3, 1)
+    smoothing = rng.random(300) * 1e-3
+    x = rng.random((80, 3))
+    for kernel in ("gaussian", "cubic"):
+        if kernel == "cubic" and degree < 1:
+            continue
+        ours = jfmm.RBFInterpolator(y, d, smoothing=smoothing, kernel=kernel, epsilon=3.0,
+                                    degree=degree)
+        ref = ScipyRBF(y, d, smoothing=smoothing, kernel=kernel, epsilon=3.0, degree=degree)
+        assert ours(x).shape == (80, 3, 1)
+        assert rel(ours(x), ref(x)) < 1e-7
+
+
+@pytest.mark.parametrize("kernel, dim", [("thin_plate_spline", 3), ("linear", 2),
+                                         ("cubic", 3)])
+def test_krylov_matches_scipy(kernel, dim, rng, small_levels):
+    """The preconditioned Krylov solve at its default tol agrees with
+    scipy's LU to 1e-7, scalar and per-point smoothing, several columns."""
+    n = 1500
+    y = sites("uniform", n, rng, dim)
+    d = values(y, rng, k=2)
+    x = rng.random((300, dim))
+    smoothing = np.where(rng.random(n) < 0.5, 0.0, 1e-4)
+    ours = jfmm.RBFInterpolator(y, d, smoothing=smoothing, kernel=kernel, method="krylov")
+    ref = ScipyRBF(y, d, smoothing=smoothing, kernel=kernel)(x)
+    print(kernel, dim, "iterations", int(ours.iterations), "residual", float(ours.residual))
+    assert len(ours._levels) >= 3
+    assert float(ours.residual) <= 1e-8
+    assert rel(ours(x), ref) < 1e-7
+
+
+def test_krylov_clustered_sites(rng, small_levels):
+    """Clusters of three widths: more iterations (about 40 against 10 on
+    uniform sites), the same agreement."""
+    y = sites("cluster", 1500, rng, 3)
+    d = values(y, rng)
+    x = sites("cluster", 200, rng, 3)
+    ours = jfmm.RBFInterpolator(y, d, kernel="linear", method="krylov", maxiter=120)
+    ref = ScipyRBF(y, d, kernel="linear")(x)
+    assert rel(ours(x), ref) < 1e-7
+
+
+def test_krylov_with_fmm_sums(rng):
+    """Above 2^24 pairs every sum is an FMM plan: agreement to the tol asked
+    for (1e-6 residual with FMM eps 1e-7)."""
+    n = 4200
+    y = sites("uniform", n, rng, 3)
+    d = values(y, rng)
+    x = rng.random((4200, 3))
+    ours = jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", tol=1e-6)
+    assert ours.method == "krylov" and ours._levels[0].own.plan is not None
+    ref = ScipyRBF(y, d, kernel="thin_plate_spline")(x)
+    assert rel(ours(x), ref) < 1e-5
+
+
+def test_iterations_nearly_independent_of_n(rng, monkeypatch):
+    """Iterations to 1e-8 as N grows 10x (direct sums: this measures the
+    preconditioner, not the FMM)."""
+    monkeypatch.setattr(system, "DIRECT_PAIRS", 2 ** 40)
+    counts = {}
+    for n in (600, 6000):
+        y = sites("uniform", n, rng, 2)
+        counts[n] = int(jfmm.RBFInterpolator(y, values(y, rng), kernel="linear",
+                                             method="krylov").iterations)
+    print("iterations", counts)
+    assert counts[10000] <= 2 * counts[1000]
+
+
+@pytest.mark.parametrize("method", ["dense", "krylov"])
+def test_gradients_against_finite_differences(method, rng, small_levels):
+    n = 400
+    y = sites("uniform", n, rng, 3)
+    d = jnp.asarray(values(y, rng))
+    xv = jnp.asarray(rng.random((60, 3)))
+    fv = jnp.asarray(values(np.asarray(xv), rng))
+    it = jfmm.RBFInterpolator(y, d, kernel="gaussian", epsilon=6.0, smoothing=1e-3,
+                              method=method, tol=1e-12)
+
+    def loss(p, dd, x):
+        return jnp.mean((it.fit(d=dd, epsilon=p[0], smoothing=p[1])(x) - fv) ** 2)
+
+    p = jnp.asarray([6.0, 1e-3])
+    g_p, g_d, g_x = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(p, d, xv)
+    for i in range(2):
+        h = 1e-5 * p[i]
+        fd = (loss(p.at[i].add(h), d, xv) - loss(p.at[i].add(-h), d, xv)) / (2 * h)
+        assert abs(g_p[i] - fd) <= 1e-5 * abs(fd)
+    e = jnp.asarray(rng.normal(size=n))
+    fd = (loss(p, d + 1e-5 * e, xv) - loss(p, d - 1e-5 * e, xv)) / 2e-5
+    assert abs(g_d @ e - fd) <= 1e-5 * abs(fd)
+    e = jnp.asarray(rng.normal(size=xv.shape))
+    fd = (loss(p, d, xv + 1e-6 * e) - loss(p, d, xv - 1e-6 * e)) / 2e-6
+    assert abs(jnp.sum(g_x * e) - fd) <= 1e-5 * abs(fd)
+
+
+def test_pytree_jit_and_complex_values(rng):
+    y = sites("uniform", 200, rng, 2)
+    d = values(y, rng) + 1j * values(y, rng)[::-1]
+    x = rng.random((50, 2))
+    ours = jfmm.RBFInterpolator(y, d, kernel="cubic")
+    out = jax.jit(lambda it, x: it(x))(ours, x)
+    assert jnp.iscomplexobj(out)
+    assert rel(out, ScipyRBF(y, d, kernel="cubic")(x)) < 1e-7
+    leaves, tree = jax.tree_util.tree_flatten(ours)
+    again = jax.tree_util.tree_unflatten(tree, leaves)
+    np.testing.assert_array_equal(again(x), ours(x))
+
+
+def test_float32(rng):
+    """float32 inputs give a float32 interpolant at float32 accuracy."""
+    y = sites("uniform", 500, rng, 3).astype(np.float32)
+    d = values(y, rng).astype(np.float32)
+    x = rng.random((100, 3)).astype(np.float32)
+    ours = jfmm.RBFInterpolator(y, d, kernel="gaussian", epsilon=5.0, smoothing=1e-4)
+    out = ours(x)
+    assert out.dtype == jnp.float32
+    ref = ScipyRBF(y.astype(np.float64), d, kernel="gaussian", epsilon=5.0,
+                   smoothing=1e-4)(x.astype(np.float64))
+    assert rel(out, ref) < 1e-3
+
+
+def test_unconverged_solve_is_loud(rng, small_levels):
+    y = sites("uniform", 500, rng, 3)
+    d = values(y, rng)
+    with pytest.raises(RuntimeError, match="did not converge"):
+        jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", method="krylov", maxiter=2)
+    it = jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", method="krylov", tol=1e-4,
+                              maxiter=50)
+    short = jax.tree_util.tree_map(lambda v: v, it)
+    short._static = short._static._replace(settings=short._static.settings._replace(maxiter=1))
+    out = jax.jit(lambda it, d: it.fit(d=d)(y[:5]))(short, d)
+    assert np.all(np.isnan(out))
+
+
+@pytest.mark.parametrize("method", ["dense", "krylov"])
+def test_duplicate_points_without_smoothing(method, rng, small_levels):
+    y = sites("uniform", 400, rng, 2)
+    y[10] = y[20]
+    d = values(y, rng)
+    err = np.linalg.LinAlgError if method == "dense" else RuntimeError
+    with pytest.raises(err):
+        jfmm.RBFInterpolator(y, d, kernel="linear", method=method, maxiter=40)
+    ok = jfmm.RBFInterpolator(y, d, kernel="linear", smoothing=1e-6, method=method)
+    assert np.all(np.isfinite(np.asarray(ok(y[:5]))))
+
+
+def test_scipy_errors_and_warnings(rng):
+    y = rng.random((30, 2))
+    d = rng.random(30)
+    with pytest.raises(ValueError, match="`kernel` must be one of"):
+        jfmm.RBFInterpolator(y, d, kernel="nope")
+    with pytest.raises(ValueError, match="`epsilon` must be specified"):
+        jfmm.RBFInterpolator(y, d, kernel="gaussian")
+    with pytest.raises(ValueError, match="at least -1"):
+        jfmm.RBFInterpolator(y, d, degree=-2)
+    with pytest.warns(UserWarning, match="should not be below 1"):
+        jfmm.RBFInterpolator(y, d, degree=0, smoothing=1e-3)
+    with pytest.raises(ValueError, match="At least 10 data points"):
+        jfmm.RBFInterpolator(y[:8], d[:8], degree=3)
+    with pytest.raises(ValueError, match="first axis of `d`"):
+        jfmm.RBFInterpolator(y, d[:29])
+    with pytest.raises(ValueError, match="smoothing"):
+        jfmm.RBFInterpolator(y, d, smoothing=np.ones(3))
+    with pytest.raises(NotImplementedError, match="neighbors"):
+        jfmm.RBFInterpolator(y, d, neighbors=10)
+    with pytest.raises(ValueError, match="NaN"):
+        jfmm.RBFInterpolator(np.where(y == y[0, 0], np.nan, y), d)
+    it = jfmm.RBFInterpolator(y, d)
+    with pytest.raises(ValueError, match="second axis of `x`"):
+        it(rng.random((5, 3)))
+    with pytest.raises(TypeError, match="fit"):
+        jax.grad(lambda e: jnp.sum(jfmm.RBFInterpolator(y, d, kernel="gaussian",
+                                                        epsilon=e)(y)))(2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jfmm.RBFInterpolator(y, d, kernel="linear", degree=-1)       # -1 is allowed
