@@ -55,7 +55,8 @@ def main(n, steps, seed=0):
                             smoothing=jnp.exp(params["log_smoothing"]))
         return jnp.mean((fitted(x_val) - f_val) ** 2)
 
-    params = {"log_epsilon": jnp.log(1.0), "log_smoothing": jnp.log(1e-4)}
+    params = {"log_epsilon": jnp.zeros((), jnp.float64),
+              "log_smoothing": jnp.full((), np.log(1e-4), jnp.float64)}
     opt = optax.adam(0.3)
     state = opt.init(params)
     step = jax.jit(jax.value_and_grad(loss))
