@@ -233,7 +233,7 @@ class RBFInterpolator:
         self._coeffs = self._poly = self.iterations = self.residual = None
         fitted = _fit(self, d, jnp.asarray(epsilon, dtype), smoothing)
         self.__dict__.update(fitted.__dict__)
-        self._raise_if_failed()
+        self._raise_if_failed()         # _fit's own check ran under its trace
 
     # ------------------------------------------------------------ scipy's names
     @property
@@ -263,7 +263,8 @@ class RBFInterpolator:
         """A new interpolator for new data values d (N, ...), epsilon or
         smoothing (scalar or (N,)), on this one's points, trees, FMM order
         and solver settings. jit-able and differentiable with respect to
-        all three."""
+        all three. Raises like the constructor where the solve fails
+        (under a trace its coefficients are NaN instead)."""
         st = self._static
         n, dtype = self.y.shape[0], self.y.dtype
         d = self.d if d is None else jnp.asarray(d)
@@ -296,6 +297,7 @@ class RBFInterpolator:
         new.iterations, new.residual = iterations, residual
         if st.method == "krylov":
             new._levels = levels
+        new._raise_if_failed()          # eager calls only; traced: NaN coefficients
         return new
 
     def _raise_if_failed(self):
