@@ -50,7 +50,7 @@ def main():
             xr, qr = x.astype(dtype).astype(np.float64), q.astype(dtype).astype(np.float64)
             ref, gref = jfmm.direct(xr, qr, kernel=kernel, gradient=True)
         plan = jfmm.plan(x.astype(dtype), kernel=kernel, eps=a.eps, leaf_size=a.leaf)
-        print(f"| {kind} | {a.dtype} | {a.eps:g} | {plan.p} | {plan.tree.depth} | "
+        print(f"| {kind} | {a.dtype} | {a.eps:g} | {plan.order} | {plan.tree.depth} | "
               f"{rel(phi, ref):.2e} | "
               f"{rel(grad, gref):.2e} |", flush=True)
 

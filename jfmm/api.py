@@ -10,18 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm import fmm as _fmm
+from jfmm import configure as _configure
 from jfmm import kernels as _kernels
 from jfmm import primitive as _primitive
 from jfmm import tree as _tree
-from jfmm.ops import backend, chebyshev, hermite
+from jfmm.configure import Config
+from jfmm.ops import backend
 
 
 # ------------------------------------------------------------------ checks
-
-def _concrete(x) -> bool:
-    return not isinstance(x, _kernels.Tracer)
-
 
 def _check_kernel(kernel):
     if not isinstance(kernel, _kernels.Kernel):
@@ -37,7 +34,7 @@ def _check_points(name: str, x, dims):
         raise ValueError(f"{name} is empty; pass at least one point")
     if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
         raise TypeError(f"{name} must be real numbers, got dtype {x.dtype}")
-    if _concrete(x):
+    if _configure.concrete(x):
         # Eager even inside a jit trace, where x may be a captured constant.
         with jax.ensure_compile_time_eval():
             finite = bool(jnp.all(jnp.isfinite(x)))
@@ -72,31 +69,6 @@ def _prepare(sources, charges, targets, kernel):
     return sources, charges, targets, squeeze
 
 
-DEFAULT_EPS = {"float32": 1e-5, "float64": 1e-6}
-
-
-def _resolve_eps(eps, dtype) -> float:
-    """eps=None means the dtype's default: 1e-5 in float32, 1e-6 in float64."""
-    if eps is None:
-        return DEFAULT_EPS[jnp.dtype(dtype).name]
-    return eps
-
-
-def _check_eps(eps):
-    if eps is None:
-        return
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
-        raise TypeError(f"eps must be a Python float (it is static), got {type(eps).__name__}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-
-
-def _check_family(family):
-    if family is not None and family not in _fmm.FAMILIES:
-        raise ValueError(f"family must be one of {_fmm.FAMILIES} or None, got {family!r}")
-    return family or "auto"
-
-
 def _finish(phi, grad, squeeze: bool, gradient: bool):
     if squeeze:
         phi = phi[:, 0]
@@ -126,27 +98,15 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 
 # ------------------------------------------------------------------ fmm
 
-def _order(family, eps, dtype, order, points=None):
-    """The order given (range-checked), else the family's rule; points:
-    sqrt(N M) of the point sets (the 3D Laplace rule's rare-pair tail
-    depends on it)."""
-    if order is None:
-        return family.order(eps, dtype, points)
-    if not isinstance(order, numbers.Integral) or not 1 <= order <= family.MAX_ORDER:
-        raise ValueError(f"order must be an int in [1, {family.MAX_ORDER}], got {order!r}")
-    return int(order)
-
-
-def _fmm_eval(sources, charges, targets, kernel, p, depth, gradient, mode, family):
+def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
     """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None."""
-    tree = _tree.build(sources, targets, depth)
-    fam = _fmm.family_for(kernel, tree.dim, family)
-    ops = _fmm.operators(fam, p, tree.dim, sources.dtype) if depth >= 2 and fam else None
-    return _evaluate(tree, ops, kernel, charges, p, gradient, mode, family)
+    tree = _tree.build(sources, targets, config.depth)
+    return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config,
+                 gradient, mode)
 
 
-def _evaluate(tree, ops, kernel, charges, p, gradient, mode, family):
-    outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), p, mode, family)
+def _bind(tree, ops, kernel, charges, config, gradient, mode):
+    outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), config, mode)
     return outs[0], (outs[1] if gradient else None)
 
 
@@ -172,7 +132,7 @@ def _call(jits, *args, mode: str, **static):
     inside a user's jit on constants, where jax raises."""
     plain, fast = jits
     if (mode != "pallas" or "xla_gpu_enable_triton_gemm" in os.environ.get("XLA_FLAGS", "")
-            or not all(map(_concrete, jax.tree_util.tree_leaves(args)))):
+            or not all(map(_configure.concrete, jax.tree_util.tree_leaves(args)))):
         return plain(*args, mode=mode, **static)
     try:
         return fast(*args, mode=mode, **static)
@@ -182,135 +142,7 @@ def _call(jits, *args, mode: str, **static):
     return plain(*args, mode=mode, **static)
 
 
-_fmm_jits = _jits(_fmm_eval, ("p", "depth", "gradient", "mode", "family"))
-
-
-def _depth(n_src, n_tgt, dim, leaf_size, family, p):
-    leaf = family.leaf_size(p) if leaf_size is None else int(leaf_size)
-    if leaf < 1:
-        raise ValueError(f"leaf_size must be >= 1, got {leaf_size}")
-    return _tree.choose_depth(max(n_src, n_tgt), dim, leaf)
-
-
-def _pair_sample(sources, targets, count: int = 4096):
-    """The root box and `count` sample (source, target) pairs of concrete
-    points (`jfmm.ops.hermite.Sample`, float64), or None where they are
-    traced."""
-    pts = [sources] + ([] if targets is None else [targets])
-    if not all(_concrete(x) for x in pts):
-        return None
-    tgt = sources if targets is None else targets
-    rng = np.random.default_rng(0)
-    with jax.ensure_compile_time_eval():
-        lo, side = _tree.root_box(sources if targets is None else jnp.concatenate(pts))
-        x = np.asarray(sources[rng.integers(0, sources.shape[0], count)], np.float64)
-        y = np.asarray(tgt[rng.integers(0, tgt.shape[0], count)], np.float64)
-    return hermite.Sample(np.asarray(lo, np.float64), float(side), x, y)
-
-
-def _configure(sources, targets, kernel, eps, leaf_size, order, family):
-    """The static choices of `fmm` and `plan` for prepared points: eps
-    (resolved), the family choice (a `jfmm.fmm.FAMILIES` name or "near")
-    and its family object, the order p and the tree depth.
-
-    "auto" for a Gaussian with concrete epsilon and points: the near field
-    alone where it suffices (`_near_only`), else the fast Gauss transform
-    where its plan meets eps (its depth is the transform's grid level), else
-    Chebyshev. The Chebyshev order comes from its error estimate for this
-    kernel and these points where the kernel's parameters are concrete
-    (`Chebyshev.order_for`; the worst root box size where the points are
-    traced), else from the family's worst-case rule."""
-    dim = sources.shape[1]
-    eps = _resolve_eps(eps, sources.dtype)
-    family = _check_family(family)
-    # The points' root box and sample pairs, drawn once (a host round trip)
-    # for the estimates that use them; None for traced points or kernel
-    # parameters, and where no estimate needs them.
-    estimated = family == "hermite" or order is None and (
-        isinstance(kernel, _kernels.Gaussian)
-        or isinstance(_fmm.family_for(kernel, dim, family), chebyshev.Chebyshev))
-    sample = _pair_sample(sources, targets) if estimated and kernel.is_concrete() else None
-    gauss = _gauss_plan(sources, targets, kernel, eps, order, family, sample)
-    if family == "hermite":
-        return eps, family, _fmm.gauss_family(dim), gauss.order, gauss.level
-    try:
-        fam, p, depth = _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order,
-                                              family, sample)
-    except ValueError:
-        if gauss is None:
-            raise
-        fam = None
-    if fam is not None and family == "auto" and _near_only(kernel, sources, targets, eps,
-                                                           depth):
-        return eps, "near", None, p, depth
-    if gauss is not None:
-        return eps, "hermite", _fmm.gauss_family(dim), gauss.order, gauss.level
-    return eps, family, fam, p, depth
-
-
-def _chebyshev_or_laplace(sources, targets, kernel, eps, leaf_size, order, family, sample):
-    """(family object, order, depth) of the FMM families for `family`
-    ("auto" or "chebyshev"); sample: `_pair_sample` or None."""
-    n_src, dim = sources.shape
-    n_tgt = n_src if targets is None else targets.shape[0]
-    fam = _fmm.family_for(kernel, dim, family)
-    if order is None and isinstance(fam, chebyshev.Chebyshev) and kernel.is_concrete():
-        side, r2 = (None, None) if sample is None else (
-            sample.side, np.sum((sample.y - sample.x) ** 2, axis=-1))
-        p = fam.order_for(eps, sources.dtype, kernel,
-                          lambda n: _depth(n_src, n_tgt, dim, leaf_size, fam, n), side, r2)
-    else:
-        p = _order(fam, eps, sources.dtype, order, (n_src * n_tgt) ** 0.5)
-    return fam, p, _depth(n_src, n_tgt, dim, leaf_size, fam, p)
-
-
-def _gauss_plan(sources, targets, kernel, eps, order, family, sample):
-    """The fast Gauss transform's (level, order) for these points
-    (`GaussTransform.plan`), or None where "auto" should use another
-    family: not a Gaussian, traced epsilon or points, an order given, eps
-    below the transform's rounding floor, or no plan meets eps.
-    family="hermite" raises instead."""
-    if family not in ("auto", "hermite"):
-        return None
-    dim = sources.shape[1]
-    explicit = family == "hermite"
-    if explicit:
-        _fmm.family_for(kernel, dim, family)            # raises unless a Gaussian
-    elif (not isinstance(kernel, _kernels.Gaussian) or order is not None
-          or eps < hermite.ROUNDING_FLOOR[jnp.dtype(sources.dtype).name]):
-        return None
-    if sample is None:
-        if explicit:
-            raise ValueError("family 'hermite' needs concrete points and epsilon (its grid "
-                             "and order depend on their values): call it outside jit, or "
-                             "use family='chebyshev'")
-        return None
-    fgt = _fmm.gauss_family(dim)
-    if order is not None:
-        _order(fgt, eps, sources.dtype, order)                  # range check
-    n_points = sources.shape[0] + (0 if targets is None else targets.shape[0])
-    choice = fgt.plan(eps, sources.dtype, float(kernel.epsilon), sample, n_points, order)
-    if choice is None and explicit:
-        raise ValueError(f"eps={eps:g} is below what the fast Gauss transform reaches for "
-                         f"{kernel} on these points (order <= {hermite.MAX_ORDER}, grid of at "
-                         f"most {hermite.GRID_VALUES} coefficients); use family='chebyshev' "
-                         f"or a larger eps")
-    return choice
-
-
-def _near_only(kernel, sources, targets, eps, depth) -> bool:
-    """Whether the far field is negligible: every pair of non-adjacent
-    leaves is farther apart than the kernel's cutoff for 0.1 eps (the leaf
-    side, at least the points' extent / 2^depth, exceeds it). Decided only
-    where the kernel's parameters and the points are concrete."""
-    cut = kernel.cutoff(0.1 * eps)
-    pts = [sources] + ([] if targets is None else [targets])
-    if cut is None or depth < 2 or not all(_concrete(x) for x in pts):
-        return False
-    with jax.ensure_compile_time_eval():
-        both = jnp.concatenate(pts)
-        extent = float(jnp.max(jnp.max(both, axis=0) - jnp.min(both, axis=0)))
-    return extent / 2 ** depth >= cut
+_fmm_jits = _jits(_fmm_eval, ("config", "gradient", "mode"))
 
 
 def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
@@ -340,7 +172,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     Derivatives with respect to kernel parameters (e.g. Gaussian epsilon)
     cost one forward-mode pass per parameter.
 
-    Families (`jfmm.fmm.family_for`): spherical harmonics for Laplace3D,
+    Families (`jfmm.configure`): spherical harmonics for Laplace3D,
     complex Taylor/Laurent series for Laplace2D, Chebyshev interpolation
     for every other kernel, 2D and 3D; the order comes from eps, or from
     `order` (for Chebyshev: nodes per dimension). Laplace: a measured error
@@ -369,12 +201,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     to keep the transform under jit, make a plan outside it (`plan`) and
     call `Plan.update(points)` and `Plan.apply` inside.
     """
-    _check_eps(eps)
+    _configure.check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
-    eps, family, _, p, depth = _configure(sources, targets, kernel, eps, leaf_size, order,
-                                          family)
-    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, p=p, depth=depth,
-                      gradient=gradient, mode=backend.current(), family=family)
+    config = _configure.resolve(sources, targets, kernel, eps, leaf_size, order, family)
+    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, config=config,
+                      gradient=gradient, mode=backend.current())
     return _finish(phi, grad, squeeze, gradient)
 
 
@@ -382,13 +213,13 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
 
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["tree", "kernel", "ops"],
-                   meta_fields=["p", "eps", "family"])
+                   meta_fields=["config"])
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A built tree plus operators, to apply to many charge vectors.
 
-    Static (changing them recompiles): p, eps, family, and the tree's depth
-    and dim.
+    Static (changing them recompiles): the configuration (family, order,
+    depth, eps: `jfmm.configure.Config`) and the tree's dim.
     Arrays: the tree, the kernel's parameters, the translation operators.
 
     overflow: always False for the uniform-depth tree, which has no capacity
@@ -398,9 +229,20 @@ class Plan:
     tree: _tree.Tree
     kernel: _kernels.Kernel
     ops: object
-    p: int
-    eps: float
-    family: str = "auto"
+    config: Config
+
+    @property
+    def order(self) -> int:
+        return self.config.order
+
+    @property
+    def eps(self) -> float:
+        return self.config.eps
+
+    @property
+    def family(self) -> str:
+        """The family's name ("laplace3d", "laplace2d", "chebyshev", "hermite"), or "near"."""
+        return self.config.name
 
     @property
     def overflow(self):
@@ -444,8 +286,7 @@ class Plan:
 
 
 def _apply(plan_, charges, gradient, mode):
-    return _evaluate(plan_.tree, plan_.ops, plan_.kernel, charges, plan_.p, gradient, mode,
-                     plan_.family)
+    return _bind(plan_.tree, plan_.ops, plan_.kernel, charges, plan_.config, gradient, mode)
 
 
 _apply_jits = _jits(_apply, ("gradient", "mode"))
@@ -457,16 +298,12 @@ _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
 def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_size=None,
          order=None, family=None):
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`."""
-    _check_eps(eps)
+    _configure.check_eps(eps)
     # float32 charges: the plan's dtype is the points' (float64 only for
     # float64 points, even with jax_enable_x64, where jnp.zeros would be
     # float64 and promote float32 points).
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)
     sources, _, targets, _ = _prepare(sources, dummy, targets, kernel)
-    eps, family, fam, p, depth = _configure(sources, targets, kernel, eps, leaf_size, order,
-                                            family)
-    tree = _build_jit(sources, targets, depth)
-    ops = None
-    if depth >= 2 and fam is not None:
-        ops = _fmm.operators(fam, p, sources.shape[1], sources.dtype)
-    return Plan(tree, kernel, ops, p, eps, family)
+    config = _configure.resolve(sources, targets, kernel, eps, leaf_size, order, family)
+    tree = _build_jit(sources, targets, config.depth)
+    return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config)

@@ -16,14 +16,11 @@ from typing import Callable, ClassVar
 import jax
 import jax.numpy as jnp
 
+from jfmm._compat import Tracer
+
 __all__ = ["Kernel", "Gaussian", "Multiquadric", "InverseMultiquadric", "InverseQuadratic",
            "ThinPlateSpline", "Linear", "Cubic", "Quintic", "Yukawa", "Laplace2D", "Laplace3D",
            "Radial", "get"]
-
-
-Tracer = getattr(jax.core, "Tracer", None)
-if Tracer is None:  # moved in newer jax releases
-    from jax._src.core import Tracer
 
 
 class Kernel:
@@ -104,7 +101,7 @@ class Kernel:
         return k, (jnp.where(pos, g, 0.0) if gradient else None)
 
 
-def _shape(cls):
+def _pytree_dataclass(cls):
     """Make cls a frozen dataclass and a pytree: fields are differentiable
     leaves unless their metadata says static.
 
@@ -128,7 +125,7 @@ def _shape(cls):
     return cls
 
 
-@_shape
+@_pytree_dataclass
 class Laplace3D(Kernel):
     """K(r) = 1 / r, the 3D Laplace Green's function without 1/(4 pi).
 
@@ -163,7 +160,7 @@ def _neg_cube(v):
     return v * v * (v * -1.0)
 
 
-@_shape
+@_pytree_dataclass
 class Gaussian(Kernel):
     """exp(-(epsilon r)^2)."""
     epsilon: float = 1.0
@@ -182,7 +179,7 @@ class Gaussian(Kernel):
         return math.sqrt(math.log(1 / tol)) / abs(float(self.epsilon))
 
 
-@_shape
+@_pytree_dataclass
 class Multiquadric(Kernel):
     """-sqrt(1 + (epsilon r)^2) (scipy's sign)."""
     epsilon: float = 1.0
@@ -197,7 +194,7 @@ class Multiquadric(Kernel):
         return -t * inv, (-e2 * inv if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class InverseMultiquadric(Kernel):
     """1 / sqrt(1 + (epsilon r)^2)."""
     epsilon: float = 1.0
@@ -211,7 +208,7 @@ class InverseMultiquadric(Kernel):
         return inv, (-e2 * inv * inv * inv if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class InverseQuadratic(Kernel):
     """1 / (1 + (epsilon r)^2)."""
     epsilon: float = 1.0
@@ -225,7 +222,7 @@ class InverseQuadratic(Kernel):
         return k, (-2 * e2 * k * k if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class ThinPlateSpline(Kernel):
     """r^2 log r, 0 at r = 0."""
 
@@ -238,7 +235,7 @@ class ThinPlateSpline(Kernel):
         return 0.5 * r2 * log, (log + 1 if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class Linear(Kernel):
     """-r (scipy's sign)."""
 
@@ -250,7 +247,7 @@ class Linear(Kernel):
         return -r2 * inv, (-inv if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class Cubic(Kernel):
     """r^3."""
 
@@ -262,7 +259,7 @@ class Cubic(Kernel):
         return r2 * r, (3 * r if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class Quintic(Kernel):
     """-r^5 (scipy's sign)."""
 
@@ -274,7 +271,7 @@ class Quintic(Kernel):
         return -r2 * r3, (-5 * r3 if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class Yukawa(Kernel):
     """exp(-kappa r) / r, the screened Coulomb potential; pairs at distance 0
     contribute 0."""
@@ -291,7 +288,7 @@ class Yukawa(Kernel):
         return k, (-k * (self.kappa * r + 1) * inv * inv if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class Laplace2D(Kernel):
     """-log r, the 2D Laplace Green's function without 1/(2 pi); pairs at
     distance 0 contribute 0."""
@@ -305,7 +302,7 @@ class Laplace2D(Kernel):
         return -0.5 * jnp.log(r2), (-1 / r2 if gradient else None)
 
 
-@_shape
+@_pytree_dataclass
 class Radial(Kernel):
     """Any radial function a user writes: K(r) = fn(r), fn a jnp function
     (static: kernels with different fn compile separately). With

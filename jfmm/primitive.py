@@ -19,7 +19,7 @@ weights, and
 
 So jax.jvp, jax.grad, jacfwd, jacrev, vmap and higher orders all reduce to
 FMM calls, never to stored intermediates. Charges with potential and
-gradient (A = 0, B <= 1) run the fast path, `fmm.evaluate` on the requested
+gradient (A = 0, B <= 1) run the fast path, `passes.evaluate` on the requested
 backend; other orders differentiate the fast path's approximation in forward
 mode on the jnp backend (memory of a forward call; slower, used for forward
 mode and second derivatives).
@@ -42,48 +42,40 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
-
-from jfmm import fmm as _fmm
+from jfmm import passes
+from jfmm._compat import Primitive, ShapedArray, ad, batching, mlir
+from jfmm.configure import Config
 from jfmm.tree import Tree
 
 
 class Spec(NamedTuple):
     """Static description of one bind (hashable: it is the primitive's param).
 
-    orders: the weight orders present, ascending; B: highest output order;
-    nbatch: leading batch axes on every operand (from vmap over point sets).
+    orders: the weight orders present, ascending (a above); top: the
+    highest output order (B above); config: the resolved family, order and
+    depth; nbatch: leading batch axes on every operand (from vmap over
+    point sets).
     """
     tree_def: object
     ops_def: object
     kernel_def: object
     orders: tuple
-    B: int
-    p: int
+    top: int
+    config: Config
     mode: str
-    family: str = "auto"
     nbatch: int = 0
-
-
-_ShapedArray = getattr(jax.core, "ShapedArray", None)
-if _ShapedArray is None:  # in case a later jax release moves it
-    from jax._src.core import ShapedArray as _ShapedArray
 
 sum_p = Primitive("jfmm_sum")
 sum_p.multiple_results = True
 
 
-def fmm_sum(tree: Tree, ops, kernel, weights: dict, B: int, p: int, mode: str,
-            family: str = "auto"):
-    """Bind the primitive: weights {order a: (N, K, d^a)} -> [out_0, ..., out_B].
-
-    family: the choice passed to `jfmm.fmm.family_for`."""
+def fmm_sum(tree: Tree, ops, kernel, weights: dict, top: int, config: Config, mode: str):
+    """Bind the primitive: weights {order a: (N, K, d^a)} -> [out_0, ..., out_top]."""
     tl, tdef = jax.tree_util.tree_flatten(tree)
     ol, odef = jax.tree_util.tree_flatten(ops)
     kl, kdef = jax.tree_util.tree_flatten(kernel)
     orders = tuple(sorted(weights))
-    spec = Spec(tdef, odef, kdef, orders, B, p, mode, family)
+    spec = Spec(tdef, odef, kdef, orders, top, config, mode)
     return sum_p.bind(*tl, *ol, *kl, *(weights[a] for a in orders), spec=spec)
 
 
@@ -101,14 +93,14 @@ def _unflatten(spec: Spec, tl, ol, kl):
             spec.kernel_def.unflatten(kl))
 
 
-def _rebind(spec: Spec, tl, ol, kl, ws: dict, B: int):
-    spec = spec._replace(orders=tuple(sorted(ws)), B=B)
+def _rebind(spec: Spec, tl, ol, kl, ws: dict, top: int):
+    spec = spec._replace(orders=tuple(sorted(ws)), top=top)
     return sum_p.bind(*tl, *ol, *kl, *(ws[a] for a in spec.orders), spec=spec)
 
 
 # ------------------------------------------------------------------ evaluation
 
-def _block(tree: Tree, ops, kernel, family, p: int, w, a: int, c: int):
+def _block(tree: Tree, ops, kernel, config: Config, w, a: int, c: int):
     """sum_j D^(a+c) G(y_i - x_j)[w_j] for one weight order: (M, K) + (d,)*c.
 
     G depends on y - x only, so every derivative is taken at the target: for
@@ -126,7 +118,7 @@ def _block(tree: Tree, ops, kernel, family, p: int, w, a: int, c: int):
 
     def potential(ys, q):
         t = dataclasses.replace(tree, tgt_sorted=ys)
-        return _fmm.evaluate(t, q, kernel, family, p, ops, False, "jnp")[0]
+        return passes.evaluate(t, q, kernel, config, ops, False, "jnp")[0]
 
     def one(q, m, s):
         g = lambda ys: potential(ys, q)                               # noqa: E731
@@ -143,33 +135,33 @@ def _block(tree: Tree, ops, kernel, family, p: int, w, a: int, c: int):
     return f(jnp.zeros(dim, tgt.dtype))
 
 
-def _evaluate(spec: Spec, *args):
-    """The primitive's meaning (no batch axes): list of out_c, c = 0..B."""
+def _meaning(spec: Spec, *args):
+    """The primitive's value (no batch axes): list of out_c, c = 0..top.
+    Charges' potential and gradient come from the fast path; every other
+    (weight order, output order) from `_block`."""
     tl, ol, kl, ws = _split(args, spec)
     tree, ops, kernel = _unflatten(spec, tl, ol, kl)
-    family = _fmm.family_for(kernel, tree.dim, spec.family)
-    outs = [None] * (spec.B + 1)
+    outs = [None] * (spec.top + 1)
 
     def add(c, v):
         outs[c] = v if outs[c] is None else outs[c] + v
 
     for a, w in ws.items():
+        done = 0                      # output orders of this weight the fast path gave
         if a == 0:
-            phi, grad = _fmm.evaluate(tree, w, kernel, family, spec.p, ops, spec.B >= 1,
-                                      spec.mode)
+            phi, grad = passes.evaluate(tree, w, kernel, spec.config, ops, spec.top >= 1,
+                                        spec.mode)
             add(0, phi)
-            if spec.B >= 1:
+            if spec.top >= 1:
                 add(1, grad)
-            fast = 2
-        else:
-            fast = 0
-        for c in range(fast, spec.B + 1):
-            add(c, _block(tree, ops, kernel, family, spec.p, w, a, c))
+            done = 2
+        for c in range(done, spec.top + 1):
+            add(c, _block(tree, ops, kernel, spec.config, w, a, c))
     return outs
 
 
 def _impl(*args, spec: Spec):
-    f = functools.partial(_evaluate, spec._replace(nbatch=0))
+    f = functools.partial(_meaning, spec._replace(nbatch=0))
     for _ in range(spec.nbatch):
         f = jax.vmap(f)
     return f(*args)
@@ -181,8 +173,8 @@ def _abstract(*args, spec: Spec):
     lead = tree.tgt_sorted.shape[:-1]                            # (*batch, M)
     k = next(iter(ws.values())).shape[spec.nbatch + 1]
     dtype = tree.tgt_sorted.dtype
-    return [_ShapedArray(lead + (k,) + (tree.dim,) * c, dtype)
-            for c in range(spec.B + 1)]
+    return [ShapedArray(lead + (k,) + (tree.dim,) * c, dtype)
+            for c in range(spec.top + 1)]
 
 
 _jit_impl = jax.jit(_impl, static_argnames="spec")
@@ -193,7 +185,7 @@ mlir.register_lowering(sum_p, mlir.lower_fun(_impl, multiple_results=True))
 
 # ------------------------------------------------------------------ jvp
 
-def _caller_order(sorted_vals, perm):
+def _unsort(sorted_vals, perm):
     """Undo a Morton sort along the point axis (axis -2), batch axes first."""
     def one(v, pr):
         return jnp.zeros_like(v).at[pr].set(v, unique_indices=True)
@@ -214,27 +206,27 @@ def _jvp(primals, tangents, *, spec: Spec):
     tree = spec.tree_def.unflatten(tl)
     dsrc, dtgt = dtree.src_sorted, dtree.tgt_sorted
     move_y = not _zero(dtgt)
-    outs = _rebind(spec, tl, ol, kl, ws, spec.B + move_y)
-    primal = outs[:spec.B + 1]
+    outs = _rebind(spec, tl, ol, kl, ws, spec.top + move_y)
+    primal = outs[:spec.top + 1]
 
     tw = {a: dw for a, dw in dws.items() if not _zero(dw)}
     if not _zero(dsrc):
-        dx = _caller_order(dsrc, tree.src_perm)                 # (*b, N, d)
+        dx = _unsort(dsrc, tree.src_perm)                 # (*b, N, d)
         for a, w in ws.items():
             lift = -w[..., None] * dx.reshape(dx.shape[:-1] + (1,) * (1 + a) + dx.shape[-1:])
             tw[a + 1] = tw[a + 1] + lift if a + 1 in tw else lift
     if tw:
-        tangent = _rebind(spec, tl, ol, kl, tw, spec.B)
+        tangent = _rebind(spec, tl, ol, kl, tw, spec.top)
     else:
         tangent = [jnp.zeros_like(o) for o in primal]
     for i, dk in enumerate(dkl):
         if not _zero(dk):
             basis = _kernel_basis_tangent(spec, tl, ol, kl, ws, i)
-            for c in range(spec.B + 1):
+            for c in range(spec.top + 1):
                 tangent[c] = tangent[c] + basis[c] * _expand(dk, basis[c].ndim)
     if move_y:
-        dy = _caller_order(dtgt, tree.tgt_perm)                 # (*b, M, d)
-        for c in range(spec.B + 1):
+        dy = _unsort(dtgt, tree.tgt_perm)                 # (*b, M, d)
+        for c in range(spec.top + 1):
             shaped = dy.reshape(dy.shape[:-1] + (1,) * (1 + c) + dy.shape[-1:])
             tangent[c] = tangent[c] + jnp.sum(outs[c + 1] * shaped, axis=-1)
     return primal, tangent
@@ -309,7 +301,7 @@ def _batch(args, dims, *, spec: Spec):
                                   w.shape[:nb + 1] + (size,) + w.shape[nb + 1:])
                  if d is None else jnp.moveaxis(w, d, nb + 1))
             folded[a] = w.reshape(w.shape[:nb + 1] + (-1,) + w.shape[nb + 3:])
-        outs = _rebind(spec, tl, ol, kl, folded, spec.B)
+        outs = _rebind(spec, tl, ol, kl, folded, spec.top)
         outs = [o.reshape(o.shape[:nb + 1] + (size, -1) + o.shape[nb + 2:]) for o in outs]
         return outs, [nb + 1] * len(outs)
     # Point sets batched: a new leading batch axis on every operand.

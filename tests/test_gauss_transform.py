@@ -12,7 +12,7 @@ from conftest import charges, points, rel
 from numpy.polynomial import hermite as nph
 
 import jfmm
-from jfmm import api
+from jfmm import configure
 from jfmm import kernels as K
 from jfmm.ops import hermite
 
@@ -102,16 +102,19 @@ def test_plan_update_and_vmap_under_jit(rng):
 
 def test_choice_and_errors(rng):
     x, q = points("cube", 500, rng, 3), charges(500, rng)
-    cfg = lambda a, k, **kw: api._configure(jnp.asarray(a), None, k, kw.pop("eps", 1e-6),  # noqa: E731
-                                            None, kw.pop("order", None), kw.pop("family", None))
-    assert cfg(x, K.Gaussian(1.0))[1] == "hermite"
-    assert cfg(x, K.Gaussian(1.0), family="chebyshev")[1] == "chebyshev"
-    assert cfg(x, K.Gaussian(1.0), order=6)[1] == "auto"          # an order given: Chebyshev
-    assert cfg(x, K.Gaussian(1.0), order=6, family="hermite")[3] == 6
+    cfg = lambda a, k, **kw: configure.resolve(  # noqa: E731
+        jnp.asarray(a), None, k, kw.pop("eps", 1e-6), None, kw.pop("order", None),
+        kw.pop("family", None))
+    assert cfg(x, K.Gaussian(1.0)).name == "hermite"
+    assert cfg(x, K.Gaussian(1.0), family="chebyshev").name == "chebyshev"
+    assert cfg(x, K.Gaussian(1.0), order=6).name == "chebyshev"   # an order given: Chebyshev
+    assert cfg(x, K.Gaussian(1.0), order=6, family="hermite").order == 6
     # Too narrow for the transform's grid budget, too wide for the near field.
-    assert cfg(x * 1e3, K.Gaussian(1.0))[1] == "auto"
+    assert cfg(x * 1e3, K.Gaussian(1.0)).name == "chebyshev"
     # Traced points: the grid level is unknown, so Chebyshev; "hermite" raises.
-    jax.make_jaxpr(lambda a: jnp.asarray(cfg(a, K.Gaussian(1.0))[1] == "auto"))(x)
+    traced = []
+    jax.make_jaxpr(lambda a: traced.append(cfg(a, K.Gaussian(1.0))) or a)(x)
+    assert [c.name for c in traced] == ["chebyshev"]
     with pytest.raises(ValueError, match="concrete points"):
         jax.jit(lambda a: jfmm.fmm(a, q, kernel=K.Gaussian(1.0), family="hermite"))(x)
     with pytest.raises(ValueError, match="Gaussian kernel only"):

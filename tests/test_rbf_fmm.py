@@ -3,8 +3,6 @@ the fast Gauss transform where it is chosen, see test_gauss_transform.py)
 against the float64 direct sum: potential, gradient, targets = and !=
 sources, uniform and clustered points, several shape parameters, eps sweeps,
 and gradients with respect to kernel parameters."""
-import importlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,9 +10,8 @@ import pytest
 from conftest import charges, points, rel
 
 import jfmm
+from jfmm import configure, passes
 from jfmm import kernels as K
-
-driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 
 CASES = [K.Gaussian(0.7), K.Gaussian(3.0), K.Multiquadric(1.0), K.InverseMultiquadric(4.0),
          K.InverseQuadratic(2.0), K.ThinPlateSpline(), K.Linear(), K.Cubic(), K.Quintic(),
@@ -82,7 +79,7 @@ def test_kernel_parameter_gradients(rng):
 def test_3d_beyond_the_worst_case_rule(kernel, kind, rng):
     """eps = 1e-8 in 3D: below the worst-case rule's floor (9.5e-7), reached
     by the order from the error estimate for this kernel and points."""
-    fam = driver.chebyshev_family(3)
+    fam = configure.chebyshev_family(3)
     with pytest.raises(ValueError, match="reaches"):
         fam.order(1e-8, np.float64)
     _check(kernel, 3, kind, False, 1e-8, rng, n=700, family="chebyshev")
@@ -101,7 +98,7 @@ def test_estimated_order_under_jit(rng):
     for phi, grad in (traced_points(x, q), traced_kernel(3.0)):
         assert rel(phi, ref) <= 1e-8, rel(phi, ref)
         assert rel(grad, gref) <= 1e-7, rel(grad, gref)
-    fam = driver.chebyshev_family(3)
+    fam = configure.chebyshev_family(3)
     assert fam.order_for(1e-6, np.float64, K.Cubic(), lambda n: 3) <= fam.order(1e-6, np.float64)
 
 
@@ -165,8 +162,8 @@ def test_narrow_gaussian_near_field_only(dim, rng, monkeypatch):
     narrow, wide = K.Gaussian(300.0), K.Gaussian(3.0)
     ref, gref = jfmm.direct(x, q, y, kernel=narrow, gradient=True)
     calls = []
-    real = driver.downward
-    monkeypatch.setattr(driver, "downward", lambda *a: calls.append(1) or real(*a))
+    real = passes.downward
+    monkeypatch.setattr(passes, "downward", lambda *a: calls.append(1) or real(*a))
     phi, grad = jfmm.fmm(x, q, y, kernel=narrow, eps=1e-6, gradient=True, leaf_size=16)
     assert not calls
     assert rel(phi, ref) <= 1e-6 and rel(grad, gref) <= 1e-5

@@ -1,6 +1,8 @@
 """Expansion families and operators.
 
-A family is a module or object exposing: MAX_ORDER, order(eps, dtype,
+A family is a module or object exposing: NAME, SCHEME ("tree": the passes
+of jfmm.passes over the tree plus the near field; "grid": one grid level,
+no near field), MAX_ORDER, order(eps, dtype,
 points) -> p (points: sqrt(N M) of the point sets, None for large sets),
 leaf_size(p), operators(p, m2l_offsets, dtype) -> Operators (with m2m and
 l2l), m2l_basis(ops) (None, or B (k, P): M2L then maps B @ multipoles to
@@ -11,8 +13,7 @@ laplace3d (spherical harmonics, 3D Laplace), laplace2d (complex series, 2D
 Laplace) and chebyshev (interpolation, any kernel, 2D and 3D); hermite (the
 fast Gauss transform) has the same P2M / L2P interface but one grid level
 and its own translation (`GaussTransform.h2l`, driven by
-jfmm.fmm.gauss_transform). Coordinates
-u are box-local and scaled by the box side h; the driver (jfmm.fmm) does the
-rest (jfmm.fmm.family_for picks the family). Hot operators have Pallas twins
-in ops/pallas, chosen by ops/backend.py.
+jfmm.passes.gauss_transform). Coordinates u are box-local and scaled by the
+box side h; jfmm.passes does the rest, and jfmm.configure picks the family.
+Hot operators have Pallas twins in ops/pallas, chosen by ops/backend.py.
 """

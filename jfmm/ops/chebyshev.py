@@ -384,6 +384,9 @@ class Chebyshev:
     parameters are traced.
     """
 
+    NAME = "chebyshev"
+    SCHEME = "tree"
+
     def __init__(self, dim: int, error_scale: float, error_rate: float, min_order: int,
                  max_order: int, max_estimated: int):
         self.dim = dim

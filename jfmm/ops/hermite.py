@@ -233,6 +233,8 @@ class Choice(NamedTuple):
 class GaussTransform:
     """The fast Gauss transform family in `dim` dimensions (Gaussian only)."""
 
+    NAME = "hermite"
+    SCHEME = "grid"          # moments on one grid level to local series; no near field
     MAX_ORDER = MAX_ORDER
 
     def __init__(self, dim: int):

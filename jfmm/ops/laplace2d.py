@@ -44,6 +44,8 @@ from jfmm.ops import rules
 from jfmm.tree import lists
 
 DIM = 2
+NAME = "laplace2d"
+SCHEME = "tree"          # upward and downward passes over the tree, plus the near field
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -246,7 +248,7 @@ def m2p(u, mult, h, p: int):
 # ---------------------------------------------------------------- order rule
 
 # Worst relative L2 error measured per order p, max(err phi, err grad / 10),
-# float64, through jfmm.fmm.evaluate against the direct sum: N = 4,000
+# float64, through jfmm.passes.evaluate against the direct sum: N = 4,000
 # uniform square, circle and clusters (3 draws each, depths 2, 3 and 4), and
 # 20 to 60 uniform draws of N = 400 (depth 2) and 1,000 (depth 3), where a
 # single slow source-target pair weighs more. The error falls about 0.4x per

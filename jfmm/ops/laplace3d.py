@@ -51,6 +51,8 @@ from jfmm.ops import rules
 from jfmm.tree import lists
 
 DIM = 3
+NAME = "laplace3d"
+SCHEME = "tree"          # upward and downward passes over the tree, plus the near field
 
 
 def _index(n: int, m: int, part: int) -> int:

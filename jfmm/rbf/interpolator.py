@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jfmm import api, kernels
+from jfmm._compat import Tracer
 from jfmm.rbf import polynomial, system
 
 # Below this many data points the system is solved densely, as scipy does.
@@ -149,7 +150,7 @@ class RBFInterpolator:
         if not isinstance(kernel, str) or kernel.lower() not in KERNELS:
             raise ValueError(f"`kernel` must be one of {set(KERNELS)}.")
         kernel = kernel.lower()
-        if isinstance(y, kernels.Tracer):
+        if isinstance(y, Tracer):
             raise TypeError("y must be concrete (the trees are built from its values); "
                             "differentiate with respect to d, epsilon and smoothing through "
                             "`fit`, and with respect to evaluation points through `__call__`")
@@ -179,7 +180,7 @@ class RBFInterpolator:
                 raise ValueError("`epsilon` must be specified if `kernel` is not one of "
                                  f"{ {k for k, v in KERNELS.items() if not v[1]} }.")
             epsilon = 1.0
-        if isinstance(epsilon, kernels.Tracer):
+        if isinstance(epsilon, Tracer):
             raise TypeError("epsilon must be concrete in the constructor (the FMM order is "
                             "chosen from it); to differentiate with respect to epsilon, "
                             "construct with a concrete value and call `fit(epsilon=...)`")
@@ -219,9 +220,9 @@ class RBFInterpolator:
             levels = system.hierarchy(y_np.astype(np.float64), points,
                                       smoothing, k, exponents, fmm_eps, settings)
             own = levels[0].own
-            order = None if own.plan is None else own.plan.p
+            order = None if own.plan is None else own.plan.order
         elif n * n > system.DIRECT_PAIRS:
-            order = api.plan(points, kernel=k, eps=fmm_eps, family="chebyshev").p
+            order = api.plan(points, kernel=k, eps=fmm_eps, family="chebyshev").order
         is_complex = bool(jnp.iscomplexobj(d))
         self._static = Static(kernel, degree, tuple(map(tuple, exponents.tolist())),
                               tuple(d.shape[1:]), is_complex, method, fmm_eps, order, settings)
@@ -302,7 +303,7 @@ class RBFInterpolator:
 
     def _raise_if_failed(self):
         res = self.residual
-        if isinstance(res, kernels.Tracer):
+        if isinstance(res, Tracer):
             return
         if self.method == "dense":
             if not bool(jnp.all(jnp.isfinite(self._coeffs))) or float(res) > 1e-4:

@@ -116,7 +116,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
         own = down = sub = cores = ext = None
         if not last or not levels:
             own = pair_sum(pts, pts, kernel, eps, order)
-            order = order if own.plan is None else own.plan.p
+            order = order if own.plan is None else own.plan.order
         if not last:
             groups = schwarz.padded(schwarz.median_groups(y[idx], settings.core),
                                     settings.core, -1)

@@ -1,7 +1,6 @@
 """2D Laplace (-log r) series operators against the direct sum, one at a time,
-then the whole FMM through the driver."""
+then the whole FMM through jfmm.passes."""
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +9,11 @@ import pytest
 from conftest import charges, points, rel
 
 import jfmm
-from jfmm import kernels
+from jfmm import kernels, passes
+from jfmm.configure import Config
 from jfmm.ops import laplace2d as L
 from jfmm.tree import build as build_tree, lists
 
-driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
 OFFS = lists.m2l_offsets(2)
 KERNEL = kernels.Laplace2D()
 
@@ -203,8 +202,9 @@ def test_order_rule():
 @functools.partial(jax.jit, static_argnames=("p", "depth"))
 def _fmm(x, q, y, p, depth):
     tree = build_tree(x, y, depth)
-    ops = driver.operators(L, p, 2, x.dtype)
-    return driver.evaluate(tree, q[:, None], KERNEL, L, p, ops, True, "jnp")
+    config = Config(L, p, depth, 0.0)
+    return passes.evaluate(tree, q[:, None], KERNEL, config, config.operators(2, x.dtype), True,
+                           "jnp")
 
 
 def _check_fmm(x, q, y, eps, dtype):

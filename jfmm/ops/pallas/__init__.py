@@ -1,7 +1,8 @@
 """Pallas kernels, each with the signature of the jnp operator it accelerates."""
 import jax
-import jax.extend.core
 import jax.numpy as jnp
+
+from jfmm._compat import Literal
 
 
 def compiler_params(num_warps: int, interpret: bool, num_stages: int = 1):
@@ -65,7 +66,7 @@ def _substituted(jaxpr, consts, args):
     env.update(zip(jaxpr.invars, args))
 
     def read(v):
-        return v.val if isinstance(v, jax.extend.core.Literal) else env[v]
+        return v.val if isinstance(v, Literal) else env[v]
 
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]

@@ -3,6 +3,8 @@
     upward     P2M at the leaves, M2M up to level 2
     downward   M2L at every level >= 2, L2L down to the leaves
     evaluate   L2P at the targets plus P2P over near-neighbour leaves
+               (families of SCHEME "grid", the fast Gauss transform:
+               moments, moment-to-local and L2P on one grid level)
 
 All arrays follow the tree's Morton order; results come back in the caller's
 target order. Levels 0 and 1 hold no well-separated pairs, so a tree of depth
@@ -10,60 +12,12 @@ target order. Levels 0 and 1 hold no well-separated pairs, so a tree of depth
 """
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 
 from jfmm import kernels
-from jfmm.ops import backend, chebyshev, hermite, laplace2d, laplace3d, translate
+from jfmm.configure import Config
+from jfmm.ops import backend, translate
 from jfmm.tree import Tree, lists
-
-
-FAMILIES = ("auto", "chebyshev", "hermite")
-
-
-def family_for(kernel: kernels.Kernel, dim: int, choice: str = "auto"):
-    """The expansion family that sums `kernel` in `dim` dimensions.
-
-    choice "auto": the spherical-harmonic family for 3D Laplace, complex
-    series for 2D Laplace, Chebyshev interpolation (kernel-independent) for
-    every other kernel; "chebyshev": Chebyshev for every kernel; "hermite":
-    the fast Gauss transform (Gaussian kernels only; jfmm.api chooses it
-    for "auto" where its plan meets eps); "near": None, the near field alone
-    (chosen by jfmm.api where the kernel is negligible between non-adjacent
-    leaves).
-    """
-    if choice == "near":
-        return None
-    if choice not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {choice!r}")
-    if choice == "hermite":
-        if not isinstance(kernel, kernels.Gaussian):
-            raise ValueError(f"family 'hermite' (the fast Gauss transform) sums the Gaussian "
-                             f"kernel only, got {type(kernel).__name__}")
-        return gauss_family(dim)
-    if choice == "auto" and isinstance(kernel, kernels.Laplace3D):
-        return laplace3d
-    if choice == "auto" and isinstance(kernel, kernels.Laplace2D):
-        return laplace2d
-    return chebyshev_family(dim)
-
-
-@functools.lru_cache(maxsize=None)
-def chebyshev_family(dim: int):
-    """One Chebyshev family object per dimension (static: used as a cache key)."""
-    return chebyshev.Chebyshev(dim, **chebyshev.RULES[dim])
-
-
-@functools.lru_cache(maxsize=None)
-def gauss_family(dim: int):
-    """One fast Gauss transform object per dimension (static)."""
-    return hermite.GaussTransform(dim)
-
-
-def operators(family, p: int, dim: int, dtype):
-    """Translation operators of `family` at order p (level independent)."""
-    return family.operators(p, lists.m2l_offsets(dim), dtype)
 
 
 def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp"):
@@ -93,23 +47,24 @@ def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int,
     return loc
 
 
-def evaluate(tree: Tree, charges, kernel: kernels.Kernel, family, p: int, ops,
+def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
              gradient: bool, mode: str = "jnp"):
     """phi (M, K) and grad (M, K, d) or None at the targets, caller's order.
 
-    charges: (N, K) in the caller's source order; family: the expansion
-    family (see jfmm.ops) with its operators `ops` at order p, unused when
-    the tree is shallower than 2 or family is None (near field only);
-    mode: the backend of the near field, P2M, M2L and L2P (jfmm.ops.backend).
+    charges: (N, K) in the caller's source order; config: the resolved
+    family, order and depth (`jfmm.configure`), with the family's operators
+    `ops` (None where the tree has no far field); mode: the backend of the near
+    field, P2M, M2L and L2P (jfmm.ops.backend).
     """
+    family, p = config.family, config.order
     q_sorted = charges[tree.src_perm]
-    if isinstance(family, hermite.GaussTransform):
+    if family is not None and family.SCHEME == "grid":
         phi, grad = gauss_transform(tree, q_sorted, kernel, family, p, gradient, mode)
         return _caller_order(tree, phi, grad, gradient)
     near = lists.neighbors(tree.depth, tree.dim)
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, gradient, mode)
-    if tree.depth >= 2 and family is not None:
+    if family is not None and tree.depth >= 2:
         mult = upward(tree, q_sorted, family, ops, p, mode)
         loc = downward(tree, mult, family, ops, kernel, p, mode)
         h = tree.box_side(tree.depth)
