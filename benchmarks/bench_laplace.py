@@ -12,7 +12,6 @@ Times are medians over --repeats runs after compilation. Prints markdown rows.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -25,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jfmm  # noqa: E402
 
-driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
+from jfmm import passes  # noqa: E402
+from jfmm.configure import Config  # noqa: E402
 from jfmm import _reference  # noqa: E402
 from jfmm.ops import backend, laplace3d  # noqa: E402
 from jfmm.ops.pallas import m2l as pallas_m2l  # noqa: E402
@@ -92,14 +92,14 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng, leaf=None):
     tb = jax.jit(build_tree, static_argnames="depth")
     tree = tb(xd, None, depth=depth)
     t_build = median_time(lambda a: tb(a, None, depth=depth), xd, repeats=repeats)
-    ops = jax.jit(lambda: driver.operators(laplace3d, p, 3, dtype))()
+    ops = jax.jit(lambda: Config(laplace3d, p, depth, eps).operators(3, dtype))()
     mode = backend.current()
     qs = qd[tree.src_perm][:, None]
     # Operators enter as arguments: closed over, they would be captured as
     # (GB-sized, at high p) constants of each pass's executable.
-    up = jax.jit(lambda t, c, o: driver.upward(t, c, laplace3d, o, p, mode))
+    up = jax.jit(lambda t, c, o: passes.upward(t, c, laplace3d, o, p, mode))
     mult = up(tree, qs, ops)
-    down = jax.jit(lambda t, m, o: driver.downward(t, m, laplace3d, o, kernel, p, mode))
+    down = jax.jit(lambda t, m, o: passes.downward(t, m, laplace3d, o, kernel, p, mode))
     loc = down(tree, mult, ops)
 
     def l2p(t, lc):

@@ -27,7 +27,6 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import importlib  # noqa: E402
 
 import jfmm  # noqa: E402,F401
 from jfmm.ops import laplace3d, translate  # noqa: E402
@@ -35,7 +34,8 @@ from jfmm.ops.pallas import m2l as pallas_m2l  # noqa: E402
 from jfmm.tree import build, lists  # noqa: E402
 from bench_laplace import m2l_tiles, median_time, rel  # noqa: E402
 
-driver = importlib.import_module("jfmm.fmm")
+from jfmm import passes  # noqa: E402
+from jfmm.configure import Config  # noqa: E402
 
 
 def translations(level: int) -> int:
@@ -90,9 +90,9 @@ def main():
           f"{time.strftime('%Y-%m-%d')}, level {level}, {n_tr:,} translations, {args.dtype}")
     print("| p | variant | ms | translations/s | err vs float64 |\n|---|---|---|---|---|")
     for p in map(int, args.orders.split(",")):
-        ops = driver.operators(laplace3d, p, 3, dtype)
-        ops64 = driver.operators(laplace3d, p, 3, jnp.float64)
-        mult = driver.upward(tree, q[tree.src_perm], laplace3d, ops, p, "jnp")[level]
+        ops = Config(laplace3d, p, 2, 0.0).operators(3, dtype)
+        ops64 = Config(laplace3d, p, 2, 0.0).operators(3, jnp.float64)
+        mult = passes.upward(tree, q[tree.src_perm], laplace3d, ops, p, "jnp")[level]
         want = translate.m2l(mult.astype(jnp.float64), level, ops64.m2l, 3)
         for variant in args.variants.split(";"):
             try:

@@ -13,7 +13,6 @@ gradient, same backend) is timed at --direct-n points and scaled by
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -27,11 +26,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jfmm  # noqa: E402
 from accuracy_rbf import label  # noqa: E402
 from bench_laplace import median_time, rel  # noqa: E402
-from jfmm import api, kernels as K  # noqa: E402
+from jfmm import kernels as K  # noqa: E402
 from jfmm.ops import backend, translate  # noqa: E402
-from jfmm.tree import lists  # noqa: E402
+from jfmm.tree import build as build_tree, lists  # noqa: E402
 
-driver = importlib.import_module("jfmm.fmm")  # the module; jfmm.fmm is the function
+from jfmm import configure, passes  # noqa: E402
 
 KERNELS = {2: [K.Laplace2D()], 3: [K.Laplace3D()]}
 COMMON = [K.Gaussian(1.0), K.Gaussian(10.0), K.Multiquadric(1.0), K.InverseMultiquadric(1.0),
@@ -41,12 +40,13 @@ COMMON = [K.Gaussian(1.0), K.Gaussian(10.0), K.Multiquadric(1.0), K.InverseMulti
 
 def chosen(x, kernel, eps, traced: bool) -> tuple[str, int, int]:
     """(family, order, depth) `jfmm.fmm` chooses for points x, concrete or traced."""
-    if not traced:
-        return tuple(api._configure(x, None, kernel, eps, None, None, None)[i] for i in (1, 3, 4))
     out = []
-    jax.make_jaxpr(lambda a: out.append(api._configure(a, None, kernel, eps, None, None,
-                                                       None)) or a)(x)
-    return tuple(out[0][i] for i in (1, 3, 4))
+    if traced:
+        jax.make_jaxpr(lambda a: out.append(configure.resolve(a, None, kernel, eps, None,
+                                                              None, None)) or a)(x)
+    else:
+        out.append(configure.resolve(x, None, kernel, eps, None, None, None))
+    return out[0].name, out[0].order, out[0].depth
 
 
 def main():
@@ -100,7 +100,7 @@ def main():
             # The choices made eagerly for these points (as jfmm.fmm does),
             # the tree rebuilt and the sum evaluated inside jit.
             pl = jfmm.plan(xd, kernel=k, eps=eps, family=args.family, order=args.order)
-            fam, order, depth = pl.family, pl.p, pl.tree.depth
+            fam, order, depth = pl.family, pl.order, pl.tree.depth
             f = jax.jit(lambda p_, a, c: p_.update(a).apply(c, gradient=True))
             timed = (pl, xd, qd)
         t0 = time.perf_counter()     # an eager call: choices, compilation, run
@@ -109,7 +109,7 @@ def main():
         first = time.perf_counter() - t0
         phi, grad = jax.block_until_ready(f(*timed))
         t = median_time(f, *timed, repeats=args.repeats)
-        tree = jax.jit(lambda a, depth=depth: api._tree.build(a, None, depth))
+        tree = jax.jit(lambda a, depth=depth: build_tree(a, None, depth))
         t_tree = median_time(tree, xd, repeats=args.repeats)
         d = jax.jit(lambda a, c, k=k: jfmm.direct(a, c, kernel=k, gradient=True))
         td = median_time(d, xd[:nd], qd[:nd], repeats=3) * scale
@@ -126,15 +126,15 @@ def profile(pl, q, repeats: int) -> str:
     matrices of every level, M2L + L2L (down, matrices included), L2P and
     the near field; each pass jitted alone, so their sum exceeds the whole
     call's time by launch gaps."""
-    tree, k, p, ops = pl.tree, pl.kernel, pl.p, pl.ops
-    family = driver.family_for(k, tree.dim, pl.family)
+    tree, k, p, ops = pl.tree, pl.kernel, pl.order, pl.ops
+    family = pl.config.family
     mode = backend.current()
     qs = q[tree.src_perm][:, None]
-    up = jax.jit(lambda t, c, o: driver.upward(t, c, family, o, p, mode))
+    up = jax.jit(lambda t, c, o: passes.upward(t, c, family, o, p, mode))
     mult = up(tree, qs, ops)
     mats = jax.jit(lambda t, o, kk: [family.m2l_matrices(o, kk, t.box_side(level), p)
                                      for level in range(2, t.depth + 1)])
-    down = jax.jit(lambda t, m, o, kk: driver.downward(t, m, family, o, kk, p, mode))
+    down = jax.jit(lambda t, m, o, kk: passes.downward(t, m, family, o, kk, p, mode))
     loc = down(tree, mult, ops, k)
 
     def l2p(t, lc):

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jfmm import configure as _configure
 from jfmm import kernels as _kernels
