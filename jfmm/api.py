@@ -108,12 +108,9 @@ def _bind(tree, ops, kernel, charges, config, gradient, mode):
     return outs[0], (outs[1] if gradient else None)
 
 
-# XLA's Triton GEMM autotuning made a first call at N = 2^20 take about 23 s
-# against 5 s without it, at the same run time (H200; docs/BENCHMARKS.md).
-# jax accepts compiler options only on a top-level jit, so jfmm's own
-# top-level GPU calls (an eager fmm, Plan.apply) compile without it; inside
-# a user's jit the process's XLA_FLAGS rule (README, "On a GPU"), and a
-# user's XLA_FLAGS setting of it always wins.
+# jfmm's own top-level GPU calls compile without XLA's Triton GEMM
+# autotuning (first call 5 s against 23 s at 2^20: docs/design.md,
+# "Compilation"); a user's XLA_FLAGS setting of it always wins.
 _FAST_COMPILE = {"xla_gpu_enable_triton_gemm": False}
 
 

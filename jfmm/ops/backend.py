@@ -34,8 +34,7 @@ PALLAS_MAX_ORDER = int(os.environ.get("JFMM_PALLAS_MAX_ORDER", 16))
 _mode = os.environ.get("JFMM_BACKEND", "auto")
 _blocks = pallas_p2p.Blocks()
 # All pairs (jfmm.direct): one long source range per tile, where 8 x 32 tiles
-# beat the near field's 8 x 16 (H200, N = 2^20: 1.27e12 against 1.18e12
-# pairs/s; docs/BENCHMARKS.md, session 10).
+# beat the near field's 8 x 16 (docs/design.md, "Near field").
 _dense_blocks = pallas_p2p.Blocks(8, 32)
 # The M2L of the Pallas backends: "bf16x6" (the jnp operator with its
 # float32 products as six bfloat16 products on tensor cores), "float32" (the
@@ -135,26 +134,14 @@ def _family_twin(family, p: int, mode: str):
 
 # The jnp P2M and L2P make K x P (or K x E x P) values per point; above this
 # many in all they run over chunks of points, so that memory stays O(N)
-# with a bounded constant. Measured on an H200 at N = 2^20 (float64): 3D
-# Laplace at p = 36 took 221 ms unchunked (XLA temp estimate 30-61 GB with
-# gradients), 260 ms at 2^30 values (temp 15 GB), 295 ms at 2^28 (5 GB);
-# 3D Chebyshev at n = 10 took 119 ms at 2^30 or unchunked, 205 ms at 2^28.
-# JFMM_CHUNK_VALUES overrides it (benchmarks).
+# (docs/design.md, "P2M and L2P memory"). JFMM_CHUNK_VALUES overrides it.
 CHUNK_VALUES = int(os.environ.get("JFMM_CHUNK_VALUES", 2 ** 30))
 
 
-# The jnp P2M reduces per-point products over leaves with segment_sum. On an
-# H200 (jax 0.11.2, N = 2^20, 3D Chebyshev, P = n^3 values per point) XLA
-# fused the products into the reduction, which ran 10-25x slower at some
-# widths (float64 n = 9: 51 ms; float32 n = 9 and 10: 23 and 43 ms) than with
-# the products materialized first (5.4, 2.4, 2.8 ms), while the other widths
-# ran faster fused (n <= 8: 0.3-1.4 against 0.7-3.7 ms; float64 n = 10: 2.0
-# against 6.9 ms; n = 11, chunked, alike). `benchmarks/probe_up.py` measures
-# it. On the GPU, Chebyshev P2M products of P in [lo, hi) per point are
-# materialized (an optimization barrier), the measured-slow widths;
-# JFMM_MATERIALIZE_VALUES overrides lo for both dtypes (benchmarks). Not for
-# the other families: 3D Laplace's jnp P2M at p = 36 took 103 ms
-# materialized against 69 ms fused (`gpu_run.sh mat`).
+# On the GPU the Chebyshev P2M's per-point products of P in [lo, hi) values
+# are materialized before the per-leaf segment_sum: XLA's fusion of the two
+# ran 10-25x slower at those widths (docs/design.md, "P2M and L2P memory").
+# JFMM_MATERIALIZE_VALUES overrides lo for both dtypes.
 _lo = int(os.environ.get("JFMM_MATERIALIZE_VALUES", 700))
 MATERIALIZE = {"float32": (_lo, 2 ** 31), "float64": (_lo, 1000)}
 

@@ -53,12 +53,11 @@ def _product(spec: str, a, w, bf16x6: bool, per_position: str | None = None):
     """einsum(spec, a, w) with float32 (or float64) products, or, with
     bf16x6, as the six bfloat16 products a_i w_j (i + j <= 2, smallest
     first) of the operands' bfloat16 pieces, summed in float32: exact
-    products on tensor cores, dropping terms of 2^-24 relative. Tensor-core
-    sums lose accuracy with their length (H200, N = 2^20, p = 11: error
-    2.1e-5 contracting 27 neighbour positions at once, 9.5e-7 one at a
-    time; docs/BENCHMARKS.md), so the leading product a_1 w_1 is contracted
-    with `per_position`, spec with the position axis kept first in the
-    output, and summed over positions in float32."""
+    products on tensor cores, dropping terms of 2^-24 relative. Long
+    tensor-core sums lose accuracy (docs/design.md, "M2L on tensor
+    cores"), so the leading product a_1 w_1 is contracted with
+    `per_position`, spec with the position axis kept first in the output,
+    and summed over positions in float32."""
     if not bf16x6 or a.dtype != jnp.float32:
         return jnp.einsum(spec, a, w, precision=HIGHEST)
     ap, wp = bf16_split(a), bf16_split(w)
@@ -87,8 +86,7 @@ def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
     list of the translated multipoles. The children of each parent's 3^d
     neighbours are gathered, and one (B, J 2^d P) x (J 2^d P, 2^d P)
     product applies the J non-empty neighbour positions' blocks at once
-    (on an H200 at N = 2^20, p = 11, float32 products: 5.9 ms for the
-    downward pass against 7.1 ms looping over positions). Memory is kept
+    (faster than a loop over positions: docs/design.md). Memory is kept
     under GATHER_BYTES by chunking parents (counting the gathered
     multipoles in their own dtype; with bf16x6 their three bfloat16 pieces
     and the per-position leading product take about 2.5 times that); where
@@ -114,11 +112,8 @@ def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
         out, _ = jax.lax.scan(body, init, (nb_par.T[keep], jnp.asarray(slots[keep])))
         return out.reshape(b * nc, k, p)
 
-    # With bf16x6 both operands are split inside each product, the operators
-    # again for every parent chunk. Splitting them (or the level's
-    # multipoles) once per level, before the gather, made the downward pass
-    # alone no slower but the whole fmm slower on an H200 at N = 2^20
-    # (7.1-7.5 against 6.6-6.7 ms, same run), so the split stays here.
+    # With bf16x6 both operands are split inside each product (per parent
+    # chunk): splitting once per level measured slower (docs/design.md).
     w = mats[slots[keep]]                               # (J, 2^d src, 2^d tgt, P, P)
     per_parent = len(keep) * nc * k * p * item
     chunk = min(b, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))

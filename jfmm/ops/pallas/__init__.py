@@ -21,9 +21,8 @@ def fma(a, b, c, interpret: bool):
     """a * b + c rounded once, inside a Pallas GPU kernel.
 
     XLA compiles Pallas kernels without floating-point contraction, so a
-    product followed by a sum is two instructions (a Pallas loop of a * x + b
-    reached 2.8e13 flop/s on an H200, 42% of the float32 peak); PTX's fma is
-    one. In interpret mode (CPU) it is the plain expression. Python scalars
+    product followed by a sum is two instructions; PTX's fma is one
+    (docs/design.md, "Near field"). In interpret mode (CPU) it is the plain expression. Python scalars
     and arrays broadcast as in a * b + c."""
     if interpret:
         return a * b + c
@@ -90,8 +89,7 @@ def fast_math(fn, interpret: bool):
     around the hardware reciprocal square root; the ftz form is the one
     instruction (same approximation, error <= 2^-22.9 relative; subnormal
     inputs flush to 0, so a float32 pair closer than 1e-19 gets 1/r = inf
-    even where the r = 0 select runs). Measured in the all-pairs P2P at N = 2^20
-    on an H200: 1.27e12 -> 1.35e12 pairs/s. fn is traced to a jaxpr and
+    even where the r = 0 select runs). fn is traced to a jaxpr and
     re-evaluated with the substitution, so any kernel's expression gets it.
     """
     if interpret:

@@ -13,11 +13,9 @@ in L2; the gathered multipoles are never stored.
 Float32 products run on the tensor cores split into bfloat16 (or TF32)
 pieces (`Tiles.algorithm`), with Triton's float32 accumulation of short
 sums: 3.4e-7 relative error at p = 11, below the float32 products' 1.9e-6.
-It is not the default: on an H200 at N = 2^20 (level 5, p = 11) it takes
-5.8-6.0 ms against 2.5-2.9 ms for XLA's products of the same bfloat16
-pieces (`translate.m2l(bf16x6=True)`, the GPU default; docs/BENCHMARKS.md,
-session 11), and at p = 8 1.8-1.9 against 0.8 ms. `jfmm.ops.backend.set_backend(m2l=Tiles())`
-selects it.
+It is not the default: XLA's products of the same bfloat16 pieces
+(`translate.m2l(bf16x6=True)`) run about 2x faster (docs/design.md, "M2L on
+tensor cores"). `jfmm.ops.backend.set_backend(m2l=Tiles())` selects it.
 Float64 uses float64 products.
 """
 from __future__ import annotations
@@ -40,8 +38,7 @@ class Tiles:
     coefficients per product in and out (powers of two; P is padded to a
     multiple of W); algorithm: the float32 product, a
     `jax.lax.DotAlgorithmPreset` name. The defaults were the fastest
-    measured at p = 11 (H200: 5.8-6.0 ms; TF32_TF32_F32_X3 with 32 x 64
-    tiles 6.8 ms; 128-wide tiles exceed the shared memory at p = 11)."""
+    measured at p = 11 (128-wide tiles exceed the shared memory there)."""
     parents: int = 64
     width: int = 64
     num_warps: int = 4

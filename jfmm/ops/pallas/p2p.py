@@ -17,8 +17,8 @@ singular kernels) runs only on the source chunks that may hold a point
 equal to a target (the target's own leaf; see `near_field`'s coincide);
 whole chunks need no mask either, so each range is walked by straight
 loops: chunks without select, with select, without, then the one partial
-chunk masked. Together with fast_math this took all pairs at N = 2^20 on
-an H200 from 1.27e12 to 1.59e12 pairs/s (docs/BENCHMARKS.md, session 15).
+chunk masked (with fast_math, 1.27e12 -> 1.59e12 pairs/s over all pairs:
+docs/design.md, "Near field").
 
 Arrays are passed whole (structure of arrays, padded by S so that no slice
 leaves its buffer); masks, not bounds checks, exclude padding.
@@ -45,14 +45,9 @@ class Blocks:
     contraction); fast_math: `jfmm.ops.pallas.fast_math` on the kernel's
     pair terms. False is kept for benchmarks in both.
 
-    8 x 16 with one warp is among the fastest at the FMM's default depth on
-    an H200 (N = 2^20, depth 5: 1.8-2.0 ms, as is 16 x 16; 8 x 32 2.2,
-    16 x 64 with 4 warps 3.1) and within 15% of the best at depth 4.
-    Over all pairs 8 x 32 is faster (N = 2^20: 1.59e12 against 1.42e12
-    pairs/s), and `jfmm.direct` uses it (`jfmm.ops.backend`). Run-to-run
-    spread on the device is about 10%; docs/BENCHMARKS.md has the tables. A
-    one-target-per-thread layout measured slower, and prefetching the next
-    chunk's sources before the current chunk's arithmetic no faster.
+    8 x 16 with one warp is among the fastest at the FMM's default depths;
+    over all pairs 8 x 32 is faster, and `jfmm.direct` uses it
+    (docs/design.md, "Near field").
     """
     targets: int = 8
     sources: int = 16
