@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -108,36 +107,7 @@ def _bind(tree, ops, kernel, charges, config, gradient, mode):
     return outs[0], (outs[1] if gradient else None)
 
 
-# jfmm's own top-level GPU calls compile without XLA's Triton GEMM
-# autotuning (first call 5 s against 23 s at 2^20: docs/design.md,
-# "Compilation"); a user's XLA_FLAGS setting of it always wins.
-_FAST_COMPILE = {"xla_gpu_enable_triton_gemm": False}
-
-
-def _jits(fun, static: tuple):
-    """(jit, jit with _FAST_COMPILE) of fun."""
-    return (jax.jit(fun, static_argnames=static),
-            jax.jit(fun, static_argnames=static, compiler_options=_FAST_COMPILE))
-
-
-def _call(jits, *args, mode: str, **static):
-    """jits[1] for a top-level GPU call, else jits[0]: traced arguments (a
-    user's jit, grad, vmap) take the plain one (under grad the one with
-    options ran its forward pass before jax refused it), and so does a call
-    inside a user's jit on constants, where jax raises."""
-    plain, fast = jits
-    if (mode != "pallas" or "xla_gpu_enable_triton_gemm" in os.environ.get("XLA_FLAGS", "")
-            or not all(map(_configure.concrete, jax.tree_util.tree_leaves(args)))):
-        return plain(*args, mode=mode, **static)
-    try:
-        return fast(*args, mode=mode, **static)
-    except ValueError as e:          # inside a user's jit: no compiler options
-        if "compiler_options" not in str(e):
-            raise
-    return plain(*args, mode=mode, **static)
-
-
-_fmm_jits = _jits(_fmm_eval, ("config", "gradient", "mode"))
+_fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode"))
 
 
 def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
@@ -167,40 +137,23 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     Derivatives with respect to kernel parameters (e.g. Gaussian epsilon)
     cost one forward-mode pass per parameter.
 
-    Families (`jfmm.configure`): spherical harmonics for Laplace3D,
-    complex Taylor/Laurent series for Laplace2D, Chebyshev interpolation
-    for every other kernel, 2D and 3D; the order comes from eps, or from
-    `order` (for Chebyshev: nodes per dimension). Laplace: a measured error
-    table with a margin of 4. Chebyshev: where the kernel's parameters are
-    concrete, an error estimate for this kernel, these points and this
-    tree (`jfmm.ops.chebyshev.far_field_error`, a margin of 4 over it; under
-    jit with traced points, the worst over root box sizes), so smooth
-    kernels get low orders and eps reaches 1e-12 in float64 where the
-    kernel allows (ValueError where no order up to 18 in 2D, 12 in 3D
-    does); with traced parameters, the worst-case rule over all kernels
-    (down to 2.4e-12 in 2D, 9.5e-7 in 3D). The order depends on the
-    points' extent only for kernels with a length scale; `Plan.update`
-    keeps the plan's order. Smallest eps: 3D Laplace 8.4e-11, 2D Laplace
-    4.8e-14; float32 3e-6 everywhere. family="chebyshev" overrides
-    the choice (any kernel; None or "auto" chooses as above).
-
-    Gaussians (concrete epsilon and points, no `order`): one so narrow
-    that it falls below 0.1 eps within one leaf side is summed over
-    neighbouring leaves alone (no expansions); otherwise the fast Gauss
-    transform (`jfmm.ops.hermite`: Hermite expansions on one grid level,
-    no near field) where its error estimate meets eps within its grid
-    budget (float32: eps >= 2e-5, its rounding floor), else Chebyshev.
-    family="hermite" asks for the transform (it raises where no plan meets
-    eps). Inside jit with traced points the
-    transform's grid level cannot be chosen, so a Gaussian gets Chebyshev:
-    to keep the transform under jit, make a plan outside it (`plan`) and
-    call `Plan.update(points)` and `Plan.apply` inside.
+    Families and orders (`jfmm.configure.resolve`): spherical harmonics for
+    Laplace3D, complex series for Laplace2D, the fast Gauss transform or
+    the near field alone for Gaussians where they meet eps, Chebyshev
+    interpolation for every other kernel (family="chebyshev" forces it,
+    family="hermite" asks for the Gauss transform). Orders come from each
+    family's error model for eps, or from `order` (for Chebyshev: nodes per
+    dimension). Smallest eps: 3D Laplace 8.4e-11, 2D Laplace 4.8e-14,
+    Chebyshev 1e-12 where the kernel allows; float32 3e-6 everywhere.
+    Inside jit with traced points a Gaussian gets Chebyshev: to keep the
+    transform under jit, make a plan outside it and call `Plan.update` and
+    `Plan.apply` inside.
     """
     _configure.check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     config = _configure.resolve(sources, targets, kernel, eps, leaf_size, order, family)
-    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, config=config,
-                      gradient=gradient, mode=backend.current())
+    phi, grad = backend.call(_fmm_jits, sources, charges, targets, kernel, config=config,
+                             gradient=gradient, mode=backend.current())
     return _finish(phi, grad, squeeze, gradient)
 
 
@@ -226,18 +179,9 @@ class Plan:
     ops: object
     config: Config
 
-    @property
-    def order(self) -> int:
-        return self.config.order
-
-    @property
-    def eps(self) -> float:
-        return self.config.eps
-
-    @property
-    def family(self) -> str:
-        """The family's name ("laplace3d", "laplace2d", "chebyshev", "hermite"), or "near"."""
-        return self.config.name
+    order = property(lambda self: self.config.order)
+    eps = property(lambda self: self.config.eps)
+    family = property(lambda self: self.config.name, doc="the family's name, or 'near'")
 
     @property
     def overflow(self):
@@ -253,8 +197,8 @@ class Plan:
         charges = charges.astype(self.tree.src_sorted.dtype)
         if squeeze:
             charges = charges[:, None]
-        phi, grad = _call(_apply_jits, self, charges, gradient=gradient,
-                          mode=backend.current())
+        phi, grad = backend.call(_apply_jits, self, charges, gradient=gradient,
+                                 mode=backend.current())
         return _finish(phi, grad, squeeze, gradient)
 
     def update(self, sources, targets=None):
@@ -284,7 +228,7 @@ def _apply(plan_, charges, gradient, mode):
     return _bind(plan_.tree, plan_.ops, plan_.kernel, charges, plan_.config, gradient, mode)
 
 
-_apply_jits = _jits(_apply, ("gradient", "mode"))
+_apply_jits = backend.jits(_apply, ("gradient", "mode"))
 
 
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))

@@ -19,6 +19,7 @@ import os
 import jax
 import jax.numpy as jnp
 
+from jfmm._compat import Tracer
 from jfmm.ops import chebyshev, laplace3d, p2p, translate
 from jfmm.ops.pallas import laplace3d as pallas_laplace3d
 from jfmm.ops.pallas import m2l as pallas_m2l
@@ -202,3 +203,36 @@ def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str):
     phi, grad = jax.lax.map(lambda x: family.l2p(x[0], coef[x[1]], h, p, gradient), (uc, lc))
     phi = phi.reshape((-1,) + phi.shape[2:])[:m]
     return phi, (grad.reshape((-1,) + grad.shape[2:])[:m] if gradient else None)
+
+
+# jfmm's own top-level GPU calls compile without XLA's Triton GEMM
+# autotuning (first call 5 s against 23 s at 2^20: docs/design.md,
+# "Compilation"); a user's XLA_FLAGS setting of it always wins.
+FAST_COMPILE = {"xla_gpu_enable_triton_gemm": False}
+
+
+def jits(fun, static: tuple):
+    """(jit, jit with FAST_COMPILE) of fun."""
+    return (jax.jit(fun, static_argnames=static),
+            jax.jit(fun, static_argnames=static, compiler_options=FAST_COMPILE))
+
+
+def _concrete(x) -> bool:
+    return not isinstance(x, Tracer)
+
+
+def call(jits, *args, mode: str, **static):
+    """jits[1] for a top-level GPU call, else jits[0]: traced arguments (a
+    user's jit, grad, vmap) take the plain one (under grad the one with
+    options ran its forward pass before jax refused it), and so does a call
+    inside a user's jit on constants, where jax raises."""
+    plain, fast = jits
+    if (mode != "pallas" or "xla_gpu_enable_triton_gemm" in os.environ.get("XLA_FLAGS", "")
+            or not all(map(_concrete, jax.tree_util.tree_leaves(args)))):
+        return plain(*args, mode=mode, **static)
+    try:
+        return fast(*args, mode=mode, **static)
+    except ValueError as e:          # inside a user's jit: no compiler options
+        if "compiler_options" not in str(e):
+            raise
+    return plain(*args, mode=mode, **static)
