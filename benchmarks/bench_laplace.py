@@ -26,6 +26,7 @@ import jfmm  # noqa: E402
 
 from jfmm import passes  # noqa: E402
 from jfmm.configure import Config  # noqa: E402
+from jfmm.models import laplace3d as laplace3d_model  # noqa: E402
 from jfmm import _reference  # noqa: E402
 from jfmm.ops import backend, laplace3d  # noqa: E402
 from jfmm.ops.pallas import m2l as pallas_m2l  # noqa: E402
@@ -78,8 +79,8 @@ def run_one(n, kind, dtype, eps, order, repeats, direct_max, rng, leaf=None):
     q = (rng.random(n) - 0.5).astype(dtype)
     xd, qd = jnp.asarray(x), jnp.asarray(q)
     kernel = jfmm.kernels.Laplace3D()
-    p = order or laplace3d.order(eps, dtype)
-    depth = choose_depth(n, 3, leaf or laplace3d.leaf_size(p))
+    p = order or laplace3d_model.order_for_eps(eps, dtype)
+    depth = choose_depth(n, 3, leaf or laplace3d_model.leaf_size(p))
     f = jax.jit(lambda a, b: jfmm.fmm(a, b, eps=eps, gradient=True, order=order,
                                              leaf_size=leaf))
 

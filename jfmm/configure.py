@@ -5,7 +5,7 @@ family, its order and the tree depth. `fmm`, `plan` and the primitive carry
 the resolved `Config`; nothing downstream decides again.
 
 Families (each with the interface of `jfmm.ops`: operators, P2M, M2L
-matrices, L2P, and NAME, SCHEME, MAX_ORDER, leaf_size, order):
+matrices, L2P, NAME and SCHEME; their orders from `jfmm.models`):
 
     laplace3d   spherical harmonics, Laplace3D ("auto")
     laplace2d   complex Taylor/Laurent series, Laplace2D ("auto")
@@ -26,6 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jfmm import kernels as _kernels
+from jfmm.models import Points, Sample
+from jfmm.models import chebyshev as chebyshev_model
+from jfmm.models import hermite as hermite_model
+from jfmm.models import laplace2d as laplace2d_model
+from jfmm.models import laplace3d as laplace3d_model
 from jfmm import tree as _tree
 from jfmm._compat import Tracer
 from jfmm.ops import chebyshev, hermite, laplace2d, laplace3d
@@ -83,7 +88,7 @@ def _check_family(family) -> str:
 @functools.lru_cache(maxsize=None)
 def chebyshev_family(dim: int):
     """One Chebyshev family object per dimension (static: used as a cache key)."""
-    return chebyshev.Chebyshev(dim, **chebyshev.RULES[dim])
+    return chebyshev.Chebyshev(dim)
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,77 +98,61 @@ def gauss_family(dim: int):
 
 
 def _tree_family(kernel, dim: int, choice: str):
-    """The tree-pass family for `choice` ("auto" or "chebyshev")."""
+    """The tree-pass family for `choice` ("auto" or "chebyshev") and its model."""
     if choice == "auto" and isinstance(kernel, _kernels.Laplace3D):
-        return laplace3d
+        return laplace3d, laplace3d_model
     if choice == "auto" and isinstance(kernel, _kernels.Laplace2D):
-        return laplace2d
-    return chebyshev_family(dim)
+        return laplace2d, laplace2d_model
+    return chebyshev_family(dim), chebyshev_model
 
 
 def resolve(sources, targets, kernel, eps, leaf_size, order, family) -> Config:
     """The `Config` of `fmm` and `plan` for prepared points.
 
-    "auto" for a Gaussian with concrete epsilon and points: the near field
-    alone where it suffices (`_near_only`), else the fast Gauss transform
-    where its plan meets eps (its depth is the transform's grid level), else
-    Chebyshev. The Chebyshev order comes from its error estimate for this
-    kernel and these points where the kernel's parameters are concrete
-    (`Chebyshev.order_for`; the worst root box size where the points are
-    traced), else from the family's worst-case rule."""
-    dim = sources.shape[1]
-    eps = DEFAULT_EPS[jnp.dtype(sources.dtype).name] if eps is None else eps
+    Laplace kernels ("auto"): their series families. A Gaussian ("auto",
+    concrete epsilon and points, no order given): the near field alone
+    where it suffices (`_near_only`), else the fast Gauss transform where
+    its plan meets eps, else Chebyshev. Every other kernel: Chebyshev.
+    Each family's order and depth come from its model (`jfmm.models`)."""
+    n_src, dim = sources.shape
+    n_tgt = n_src if targets is None else targets.shape[0]
+    dtype = sources.dtype
+    eps = DEFAULT_EPS[jnp.dtype(dtype).name] if eps is None else eps
     family = _check_family(family)
-    if family == "hermite" and not isinstance(kernel, _kernels.Gaussian):
+    gaussian = isinstance(kernel, _kernels.Gaussian)
+    if family == "hermite" and not gaussian:
         raise ValueError(f"family 'hermite' (the fast Gauss transform) sums the Gaussian "
                          f"kernel only, got {type(kernel).__name__}")
+    fam, model = _tree_family(kernel, dim, family)
     # The points' root box and sample pairs, drawn once (a host round trip)
-    # for the estimates that use them; None for traced points or kernel
-    # parameters, and where no estimate needs them.
-    estimated = family == "hermite" or order is None and (
-        isinstance(kernel, _kernels.Gaussian)
-        or isinstance(_tree_family(kernel, dim, family), chebyshev.Chebyshev))
-    sample = _pair_sample(sources, targets) if estimated and kernel.is_concrete() else None
-    gauss = _gauss_plan(sources, targets, kernel, eps, order, family, sample)
+    # for the models that use them; None for traced points or parameters.
+    sampled = family == "hermite" or order is None and (gaussian or model is chebyshev_model)
+    sample = _pair_sample(sources, targets) if sampled and kernel.is_concrete() else None
+    points = Points(n_src, n_tgt, dim, leaf_size, sample)
+    gauss = None
+    if family == "hermite" or (family == "auto" and gaussian and order is None and eps
+                               >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name]):
+        gauss = hermite_model.choose(kernel, eps, dtype, points, order,
+                                      explicit=family == "hermite")
     if family == "hermite":
-        return Config(gauss_family(dim), gauss.order, gauss.level, eps)
+        return Config(gauss_family(dim), gauss.order, gauss.depth, eps)
     try:
-        fam, p, depth = _tree_choice(sources, targets, kernel, eps, leaf_size, order, family,
-                                     sample)
+        choice = model.choose(kernel, eps, dtype, points, order)
     except ValueError:
         if gauss is None:
             raise
-        fam = None
-    if fam is not None and family == "auto" and _near_only(kernel, sources, targets, eps,
-                                                           depth):
-        return Config(None, p, depth, eps)
+        choice = None
+    if choice is not None and family == "auto" and _near_only(kernel, sources, targets, eps,
+                                                              choice.depth):
+        return Config(None, choice.order, choice.depth, eps)
     if gauss is not None:
-        return Config(gauss_family(dim), gauss.order, gauss.level, eps)
-    return Config(fam, p, depth, eps)
-
-
-def _order(family, eps, dtype, order, points=None) -> int:
-    """The order given (range-checked), else the family's rule; points:
-    sqrt(N M) of the point sets (the 3D Laplace rule's rare-pair tail
-    depends on it)."""
-    if order is None:
-        return family.order(eps, dtype, points)
-    if not isinstance(order, numbers.Integral) or not 1 <= order <= family.MAX_ORDER:
-        raise ValueError(f"order must be an int in [1, {family.MAX_ORDER}], got {order!r}")
-    return int(order)
-
-
-def _depth(n_src: int, n_tgt: int, dim: int, leaf_size, family, p: int) -> int:
-    leaf = family.leaf_size(p) if leaf_size is None else int(leaf_size)
-    if leaf < 1:
-        raise ValueError(f"leaf_size must be >= 1, got {leaf_size}")
-    return _tree.choose_depth(max(n_src, n_tgt), dim, leaf)
+        return Config(gauss_family(dim), gauss.order, gauss.depth, eps)
+    return Config(fam, choice.order, choice.depth, eps)
 
 
 def _pair_sample(sources, targets, count: int = 4096):
     """The root box and `count` sample (source, target) pairs of concrete
-    points (`jfmm.ops.hermite.Sample`, float64), or None where they are
-    traced."""
+    points (`jfmm.models.Sample`, float64), or None where they are traced."""
     pts = [sources] + ([] if targets is None else [targets])
     if not all(concrete(x) for x in pts):
         return None
@@ -173,55 +162,7 @@ def _pair_sample(sources, targets, count: int = 4096):
         lo, side = _tree.root_box(sources if targets is None else jnp.concatenate(pts))
         x = np.asarray(sources[rng.integers(0, sources.shape[0], count)], np.float64)
         y = np.asarray(tgt[rng.integers(0, tgt.shape[0], count)], np.float64)
-    return hermite.Sample(np.asarray(lo, np.float64), float(side), x, y)
-
-
-def _tree_choice(sources, targets, kernel, eps, leaf_size, order, family, sample):
-    """(family object, order, depth) of the tree-pass families for `family`
-    ("auto" or "chebyshev"); sample: `_pair_sample` or None."""
-    n_src, dim = sources.shape
-    n_tgt = n_src if targets is None else targets.shape[0]
-    fam = _tree_family(kernel, dim, family)
-    if order is None and isinstance(fam, chebyshev.Chebyshev) and kernel.is_concrete():
-        side, r2 = (None, None) if sample is None else (
-            sample.side, np.sum((sample.y - sample.x) ** 2, axis=-1))
-        p = fam.order_for(eps, sources.dtype, kernel,
-                          lambda n: _depth(n_src, n_tgt, dim, leaf_size, fam, n), side, r2)
-    else:
-        p = _order(fam, eps, sources.dtype, order, (n_src * n_tgt) ** 0.5)
-    return fam, p, _depth(n_src, n_tgt, dim, leaf_size, fam, p)
-
-
-def _gauss_plan(sources, targets, kernel, eps, order, family, sample):
-    """The fast Gauss transform's (level, order) for these points
-    (`GaussTransform.plan`), or None where "auto" should use another
-    family: not a Gaussian, traced epsilon or points, an order given, eps
-    below the transform's rounding floor, or no plan meets eps.
-    family="hermite" raises instead."""
-    if family not in ("auto", "hermite"):
-        return None
-    dim = sources.shape[1]
-    explicit = family == "hermite"
-    if not explicit and (not isinstance(kernel, _kernels.Gaussian) or order is not None
-                         or eps < hermite.ROUNDING_FLOOR[jnp.dtype(sources.dtype).name]):
-        return None
-    if sample is None:
-        if explicit:
-            raise ValueError("family 'hermite' needs concrete points and epsilon (its grid "
-                             "and order depend on their values): call it outside jit, or "
-                             "use family='chebyshev'")
-        return None
-    fgt = gauss_family(dim)
-    if order is not None:
-        _order(fgt, eps, sources.dtype, order)                  # range check
-    n_points = sources.shape[0] + (0 if targets is None else targets.shape[0])
-    choice = fgt.plan(eps, sources.dtype, float(kernel.epsilon), sample, n_points, order)
-    if choice is None and explicit:
-        raise ValueError(f"eps={eps:g} is below what the fast Gauss transform reaches for "
-                         f"{kernel} on these points (order <= {hermite.MAX_ORDER}, grid of at "
-                         f"most {hermite.GRID_VALUES} coefficients); use family='chebyshev' "
-                         f"or a larger eps")
-    return choice
+    return Sample(np.asarray(lo, np.float64), float(side), x, y)
 
 
 def _near_only(kernel, sources, targets, eps, depth) -> bool:

@@ -14,6 +14,7 @@ from numpy.polynomial import hermite as nph
 import jfmm
 from jfmm import configure
 from jfmm import kernels as K
+from jfmm.models import hermite as hermite_model
 from jfmm.ops import hermite
 
 
@@ -30,7 +31,7 @@ def test_normalized_hermite_functions():
 def test_series_of_one_pair_converges_to_the_gaussian(rng):
     s, t = rng.uniform(-0.5, 0.5, 2)
     for dd in (0.0, 1.0, -2.0, 4.0):
-        approx, dapprox = hermite._series_1d(s, t, dd, 20)
+        approx, dapprox = hermite_model._series_1d(s, t, dd, 20)
         u = dd + t - s
         assert abs(approx[-1] - np.exp(-u * u)) < 1e-12
         assert abs(dapprox[-1] + 2 * u * np.exp(-u * u)) < 1e-11

@@ -11,8 +11,9 @@ import pytest
 from conftest import charges, points, radial_reference, rel
 
 import jfmm
-from jfmm import configure, passes
+from jfmm import passes
 from jfmm import kernels as K
+from jfmm.models import chebyshev as chebyshev_model
 
 CASES = [K.Gaussian(0.7), K.Gaussian(3.0), K.Multiquadric(1.0), K.InverseMultiquadric(4.0),
          K.InverseQuadratic(2.0), K.ThinPlateSpline(), K.Linear(), K.Cubic(), K.Quintic(),
@@ -83,7 +84,7 @@ def test_kernel_parameter_gradients(rng):
 def test_3d_beyond_the_worst_case_rule(kernel, kind, rng):
     """eps = 1e-8 in 3D: below the worst-case rule's floor (9.5e-7), reached
     by the order from the error estimate for this kernel and points."""
-    fam = configure.chebyshev_family(3)
+    fam = chebyshev_model.rule(3)
     with pytest.raises(ValueError, match="reaches"):
         fam.order(1e-8, np.float64)
     _check(kernel, 3, kind, False, 1e-8, rng, n=700, family="chebyshev")
@@ -102,7 +103,7 @@ def test_estimated_order_under_jit(rng):
     for phi, grad in (traced_points(x, q), traced_kernel(3.0)):
         assert rel(phi, ref) <= 1e-8, rel(phi, ref)
         assert rel(grad, gref) <= 1e-7, rel(grad, gref)
-    fam = configure.chebyshev_family(3)
+    fam = chebyshev_model.rule(3)
     assert fam.order_for(1e-6, np.float64, K.Cubic(), lambda n: 3) <= fam.order(1e-6, np.float64)
 
 

@@ -1,3 +1,4 @@
+# Over 400 lines: harmonics, translation and derivative tables of one family belong together.
 """3D Laplace expansions in a real solid-harmonic basis (1/|r|, no 1/(4 pi)).
 
 Convention (Dehnen-type normalisation; identities checked numerically in
@@ -47,7 +48,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm.ops import rules
 from jfmm.tree import lists
 
 DIM = 3
@@ -423,62 +423,3 @@ def m2p(u, mult, h, p: int):
     # sum_{n,m} M T = sum w_i * M_i * conj-signed T_i, T/h scaled by h^-(n+1) / h^-n
     return jnp.einsum("nkp,np->nk", mult * w, irregular(u, p),
                       precision=jax.lax.Precision.HIGHEST) / h
-
-
-# Typical relative L2 error of the potential per order p (float64, N = 20,000,
-# worst of uniform cube, sphere surface and clusters, default leaf size;
-# docs/BENCHMARKS.md), used with a margin of 4 for larger N (more levels) and
-# float32 rounding.
-_ERROR_BY_ORDER = {3: 4.2e-3, 4: 1.4e-3, 5: 4.3e-4, 6: 1.5e-4, 7: 5.4e-5, 8: 2.1e-5,
-                   9: 8.5e-6, 10: 3.4e-6, 11: 1.6e-6, 12: 6.7e-7, 14: 1.2e-7, 16: 3.0e-8,
-                   18: 7.4e-9, 20: 2.2e-9, 22: 5.7e-10, 24: 1.8e-10, 26: 7.3e-11,
-                   28: 2.9e-11, 30: 9.6e-12}
-_SAFETY = 4.0
-# The typical error falls about 0.58x per order, but a rare source-target pair
-# near the facing corners of boxes one box apart converges only about 0.69x
-# per order (the worst case is 0.87x). In small sets one such pair sets the
-# whole error: a uniform cube of 3,000 points (1 draw in several hundred)
-# measured 1.7e-8, 2.6e-9, 3.9e-10, 9.1e-11 and 4.1e-11 at p = 20, 25, 30, 34
-# and 36, 40x the typical error at p = 30. The rule also keeps twice that
-# measured tail below eps, which is what sets p from p = 18 on.
-# One such pair adds a fixed error at one target while ||phi|| grows like
-# sqrt(N M) (N sources, M targets), so below the 3,000 points it was measured
-# at the tail is scaled by 3,000 / sqrt(N M): a CI draw of 500 points at eps
-# 1e-7 (p = 18, depth 2) measured 2.4e-7, and 1.0e-7 / 2.2e-8 at p = 20 / 22.
-_TAIL_P30, _TAIL_RATE, _TAIL_MARGIN, _TAIL_POINTS = 3.9e-10, 0.69, 2.0, 3000
-ORDERS = tuple(sorted(_ERROR_BY_ORDER)) + (32, 34, 36)
-MAX_ORDER = ORDERS[-1]
-
-
-def _error_bound(p: int, points: float | None = None) -> float:
-    """The error the order rule assumes at order p (typical and tail, with
-    margins) for sqrt(N M) = points (None: at least 3,000)."""
-    tail = _TAIL_MARGIN * _TAIL_P30 * _TAIL_RATE ** (p - 30)
-    if points is not None:
-        tail *= max(1.0, _TAIL_POINTS / points)
-    return max(_SAFETY * _ERROR_BY_ORDER.get(p, 0.0), tail)
-
-
-# float32 rounding sets a floor near 4e-7 (measured); p = 12 with the margin
-# gives 3e-6.
-EPS_FLOOR = {"float32": 3e-6, "float64": _error_bound(MAX_ORDER)}
-
-
-def leaf_size(p: int) -> int:
-    """Mean points per leaf that balances near-field and M2L work at order p
-    (P2P ~ 27 s^2 pair terms per leaf against ~189 p^4 M2L terms). Measured
-    at p = 11, 32 points per leaf beat 256 on both backends: 9.6 against
-    12.6 ms at N = 2^20 on an H200, 4.3 against 8.5 s at N = 2^17 on a
-    2-core CPU; 0.5 p^2 picks the former there."""
-    return max(32, int(0.5 * p * p))
-
-
-def order(eps: float, dtype, points: float | None = None) -> int:
-    """Expansion order p for a requested relative L2 error eps, for N
-    sources and M targets with sqrt(N M) = points (None: large sets).
-
-    Raises ValueError if eps is below what `dtype` (or the largest tabulated
-    order) can reach.
-    """
-    return rules.choose_order(eps, dtype, EPS_FLOOR, ORDERS,
-                              lambda p: _error_bound(p, points), "the 3D Laplace family")

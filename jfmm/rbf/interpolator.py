@@ -1,3 +1,4 @@
+# Over 400 lines: scipy's checks and errors, the pytree and fit() of one public class.
 """RBFInterpolator: scipy's interpolator, solved and evaluated with the FMM."""
 from __future__ import annotations
 

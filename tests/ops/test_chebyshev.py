@@ -9,7 +9,7 @@ from jfmm import kernels
 from jfmm.ops import chebyshev as ch
 from jfmm.tree import lists
 
-FAMILY = ch.Chebyshev(3, **ch.RULES[3])
+FAMILY = ch.Chebyshev(3)
 
 
 @pytest.mark.parametrize("kernel", [kernels.Yukawa(2.0), kernels.ThinPlateSpline()])

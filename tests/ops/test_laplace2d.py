@@ -11,6 +11,7 @@ from conftest import charges, points, rel
 import jfmm
 from jfmm import kernels, passes
 from jfmm.configure import Config
+from jfmm.models import laplace2d as model
 from jfmm.ops import laplace2d as L
 from jfmm.tree import build as build_tree, lists
 
@@ -186,15 +187,15 @@ def test_shapes_dtypes_and_zero_slots(rng):
 
 
 def test_order_rule():
-    assert L.order(1e-3, jnp.float32) < L.order(1e-5, jnp.float32)
-    assert L.order(1e-10, jnp.float64) > L.order(1e-5, jnp.float64)
-    assert L.order(L.EPS_FLOOR["float64"], jnp.float64) == L.MAX_ORDER
-    assert all(L._error_bound(p) > L._error_bound(p + 1) for p in L.ORDERS[:-1])
+    assert model.order_for_eps(1e-3, jnp.float32) < model.order_for_eps(1e-5, jnp.float32)
+    assert model.order_for_eps(1e-10, jnp.float64) > model.order_for_eps(1e-5, jnp.float64)
+    assert model.order_for_eps(model.EPS_FLOOR["float64"], jnp.float64) == model.MAX_ORDER
+    assert all(model._error_bound(p) > model._error_bound(p + 1) for p in model.ORDERS[:-1])
     with pytest.raises(ValueError, match="float32"):
-        L.order(1e-9, jnp.float32)
+        model.order_for_eps(1e-9, jnp.float32)
     with pytest.raises(ValueError, match="float64"):
-        L.order(1e-16, jnp.float64)
-    assert L.leaf_size(4) >= 32 and L.leaf_size(L.MAX_ORDER) >= L.leaf_size(4)
+        model.order_for_eps(1e-16, jnp.float64)
+    assert model.leaf_size(4) >= 32 and model.leaf_size(model.MAX_ORDER) >= model.leaf_size(4)
 
 
 # ------------------------------------------------------------------ whole FMM
@@ -211,7 +212,7 @@ def _check_fmm(x, q, y, eps, dtype):
     """FMM in dtype against jfmm.direct in float64 on the rounded inputs."""
     x, q = np.asarray(x, dtype), np.asarray(q, dtype)
     y = None if y is None else np.asarray(y, dtype)
-    p = L.order(eps, dtype)
+    p = model.order_for_eps(eps, dtype)
     phi, grad = _fmm(jnp.asarray(x), jnp.asarray(q), None if y is None else jnp.asarray(y),
                      p=p, depth=3)
     assert phi.dtype == grad.dtype == dtype

@@ -10,6 +10,7 @@ from conftest import charges, rel
 
 from jfmm.ops import laplace3d as L, translate
 from jfmm.tree import lists
+from jfmm.models import laplace3d as M
 
 OFFS = lists.m2l_offsets(3)
 
@@ -132,12 +133,12 @@ def test_zero_operator_slot_is_zero():
 
 
 def test_order_rule():
-    assert L.order(1e-3, jnp.float32) < L.order(1e-5, jnp.float32)
-    assert L.order(1e-10, jnp.float64) > L.order(1e-5, jnp.float64)
+    assert M.order_for_eps(1e-3, jnp.float32) < M.order_for_eps(1e-5, jnp.float32)
+    assert M.order_for_eps(1e-10, jnp.float64) > M.order_for_eps(1e-5, jnp.float64)
     with pytest.raises(ValueError, match="float32"):
-        L.order(1e-9, jnp.float32)
+        M.order_for_eps(1e-9, jnp.float32)
     with pytest.raises(ValueError):
-        L.order(1e-16, jnp.float64)
+        M.order_for_eps(1e-16, jnp.float64)
 
 
 @pytest.mark.parametrize("budget", [2 ** 16, 1], ids=["chunked", "loop"])

@@ -1,0 +1,81 @@
+"""Error models and planners: how each expansion family chooses its order
+and tree depth for a kernel, eps, dtype and the points.
+
+Every family's model is a module here with one entry point,
+
+    choose(kernel, eps, dtype, points, order=None) -> Choice | None
+
+(None: the family declines these points, and the configuration step tries
+another). `points` describes the point sets without their arrays (`Points`);
+`order` is a caller's override, range-checked. jfmm.configure pairs each
+family with its model; the operators stay in jfmm.ops.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from jfmm.tree import choose_depth
+
+
+class Sample(NamedTuple):
+    """Concrete points' root box and sample (source, target) pairs (float64)."""
+    lo: np.ndarray        # (d,)
+    side: float
+    x: np.ndarray         # (S, d) sources of the sample pairs
+    y: np.ndarray         # (S, d) their targets
+
+
+class Points(NamedTuple):
+    """The point sets a model chooses for: sizes, dimension, the mean
+    points per leaf asked for (None: the family's own), and a `Sample`
+    (None where the points are traced)."""
+    n_src: int
+    n_tgt: int
+    dim: int
+    leaf_size: int | None
+    sample: Sample | None
+
+
+class Choice(NamedTuple):
+    """A family's order and tree depth (for the fast Gauss transform, its
+    grid level)."""
+    order: int
+    depth: int
+
+
+def checked_order(order, max_order: int) -> int | None:
+    """A caller's order, range-checked; None where none was given."""
+    if order is None:
+        return None
+    if not isinstance(order, numbers.Integral) or not 1 <= order <= max_order:
+        raise ValueError(f"order must be an int in [1, {max_order}], got {order!r}")
+    return int(order)
+
+
+def depth_for(points: Points, leaf_size: int) -> int:
+    """The tree depth for the points at the caller's leaf size, else `leaf_size`."""
+    leaf = leaf_size if points.leaf_size is None else int(points.leaf_size)
+    if leaf < 1:
+        raise ValueError(f"leaf_size must be >= 1, got {points.leaf_size}")
+    return choose_depth(max(points.n_src, points.n_tgt), points.dim, leaf)
+
+
+def choose_order(eps: float, dtype, eps_floor: dict, orders, error_bound, family: str) -> int:
+    """The smallest order whose assumed error is <= eps (the largest order
+    if none is).
+
+    eps_floor: {dtype name: smallest eps reached}; error_bound(order): the
+    error the rule assumes; family names the family in the ValueError raised
+    for an eps below the dtype's floor.
+    """
+    name = jnp.dtype(dtype).name
+    floor = eps_floor[name]
+    if eps < floor:
+        hint = "; use float64 inputs with jax_enable_x64" if name == "float32" else ""
+        raise ValueError(f"eps={eps:g} is below what {family} reaches in {name} "
+                         f"(about {floor:.1e}){hint}")
+    return min(p for p in orders if error_bound(p) <= eps or p == orders[-1])

@@ -1,0 +1,290 @@
+"""The Chebyshev family's error model: the order n (nodes per dimension)
+for a kernel, eps and the points, from an estimate of the far field's
+interpolation error; a worst-case rule over all kernels where the kernel's
+parameters are traced; and the leaf size."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jfmm.models import Choice, Points, checked_order, choose_order, depth_for
+from jfmm.tree import lists
+
+
+# ------------------------------------------------------------ error estimate
+#
+# M2M and L2L are exact on the interpolating polynomials, so the far field's
+# error is the error of interpolating K(|x - y|) over the boxes of each
+# level's well-separated pairs. Along a line through a box of side h, with
+# K's Chebyshev coefficients c_k there, interpolation at n nodes errs by at
+# most 2 sum_{k >= n} |c_k| and its derivative by (2 / h) 2 sum_{k >= n} k^2
+# |c_k|. `far_field_error` takes 2d such errors per pair (one per coordinate
+# of x and y), averages their squares over sample lines of every M2L offset
+# and turns them into relative L2 errors of phi and grad phi with random
+# mixed-sign charges:
+#
+#   err(n)^2 = sum_l f_l (2d)^2 mean_lines(tail_l(n)^2) / mean(K^2 over pairs)
+#
+# (grad: K'^2 and the derivative's tail), with f_l = min(1, (6^d - 3^d) /
+# 2^(dl)) the share of pairs translated at level l (an interior box's list).
+
+_LINE_POINTS = 48
+_SAMPLES = (-0.35, 0.35)
+_NOISE = 1e-14
+
+
+@functools.lru_cache(maxsize=None)
+def _lines(dim: int):
+    """Sample lines of well-separated pairs, in box sides.
+
+    Returns x (L, d) target points (2^d per target box, at each M2L offset
+    up to symmetry: non-negative, non-increasing components), y (L, M, d)
+    the M Chebyshev points of the first kind on lines through the source box
+    [-1/2, 1/2]^d along each axis (2^(d-1) per axis), weight (L,) the
+    offsets' multiplicities (summing to 1), T (M, M), T[k, j] = T_k(tau_j)."""
+    canon = {}
+    for o in np.abs(lists.m2l_offsets(dim)):
+        key = tuple(sorted(o, reverse=True))
+        canon[key] = canon.get(key, 0) + 1
+    tau = np.cos((2 * np.arange(_LINE_POINTS) + 1) * np.pi / (2 * _LINE_POINTS))
+    xs, ys, ws = [], [], []
+    for o, count in canon.items():
+        for v in np.ndindex(*(2,) * dim):
+            x = np.array(o, float) + np.take(_SAMPLES, v)
+            for a in range(dim):
+                for w in np.ndindex(*(2,) * (dim - 1)):
+                    y = np.repeat(np.insert(np.take(_SAMPLES, w), a, 0.0)[None],
+                                  _LINE_POINTS, axis=0)
+                    y[:, a] = tau / 2
+                    xs.append(x)
+                    ys.append(y)
+                    ws.append(count)
+    ws = np.array(ws, float)
+    t = np.cos(np.outer(np.arange(_LINE_POINTS), np.arccos(tau)))
+    return np.array(xs), np.array(ys), ws / ws.sum(), t
+
+
+def _tails_squared(kernel, dim: int, side: float) -> np.ndarray:
+    """(2, M + 1): the lines' mean squared error bound of interpolation
+    (row 0) and of its derivative (row 1) at n = 0..M nodes, boxes of side
+    `side` (float64; kernel parameters concrete)."""
+    x, y, weight, t = _lines(dim)
+    r = side * np.sqrt(np.sum((x[:, None, :] - y) ** 2, axis=-1))      # (L, M)
+    f = np.asarray(kernel.radial(jnp.asarray(r)), np.float64)
+    c = np.abs(f @ t.T) * (2.0 / _LINE_POINTS)
+    c[:, 0] /= 2
+    # Coefficients at float64 rounding level are noise, not truncation: the
+    # order cannot lower them (float64's own floor is separate).
+    c[c < _NOISE * np.max(np.abs(f), axis=1, keepdims=True)] = 0.0
+    k2 = np.arange(_LINE_POINTS) ** 2
+    out = np.zeros((2, _LINE_POINTS + 1))
+    for row, coef in enumerate((c, c * k2 * (2.0 / side))):
+        tail = 2 * np.cumsum(coef[:, ::-1], axis=1)[:, ::-1]           # n = 0..M-1
+        out[row, :-1] = weight @ (tail * tail)
+    return out
+
+
+def pair_moments(kernel, r2, side: float, dim: int) -> tuple[float, float]:
+    """mean K(r)^2 and mean K'(r)^2 over the points' pairs: sample pairs
+    (squared distances r2) farther apart than side / 8, plus pairs closer
+    than that as for uniform points in a root box of `side`, density
+    S_d r^(d-1) / side^d, integrated over a geometric grid of r (too few
+    close pairs fall in a sample for a kernel much narrower than the box;
+    clustered points have more of them, so this errs low: the estimate
+    high)."""
+    cut = side / 8
+    r2 = np.asarray(r2, np.float64)
+    far = np.sqrt(r2[r2 > cut * cut])
+    k, dk = kernel.value_and_derivative(jnp.asarray(far))
+    sampled = [float(np.sum(np.asarray(v, np.float64) ** 2)) / r2.shape[0] for v in (k, dk)]
+    steps = np.arange(240) / 4.0                      # r from cut down to cut 2^-60
+    r = cut * 2.0 ** -steps
+    k, dk = kernel.value_and_derivative(jnp.asarray(r))
+    density = (2 * np.pi if dim == 2 else 4 * np.pi) * r ** dim / side ** dim
+    dlog = np.log(2.0) / 4
+    close = [float(np.sum(np.nan_to_num(np.asarray(v, np.float64) ** 2) * density) * dlog)
+             for v in (k, dk)]
+    return sampled[0] + close[0], sampled[1] + close[1]
+
+
+def far_field_error(kernel, dim: int, root_side: float, depth: int,
+                    moments: tuple[float, float], cache: dict | None = None) -> np.ndarray:
+    """(2, M + 1): estimated relative L2 errors of phi (row 0) and of its
+    gradient (row 1) at n = 0..M nodes per dimension, for a tree of `depth`
+    over a root box of side `root_side`; moments from `pair_moments`; cache:
+    {side: _tails_squared}, shared between calls. Needs concrete kernel
+    parameters; evaluates in float64 (call it under jax.enable_x64)."""
+    cache = {} if cache is None else cache
+    total = np.zeros((2, _LINE_POINTS + 1))
+    for level in range(2, depth + 1):
+        side = root_side / 2 ** level
+        if side not in cache:
+            cache[side] = _tails_squared(kernel, dim, side)
+        share = min(1.0, (6 ** dim - 3 ** dim) / 2 ** (dim * level))
+        total += share * (2 * dim) ** 2 * cache[side]
+    tiny = np.finfo(float).tiny
+    return np.sqrt(total / np.maximum(np.array(moments), tiny)[:, None])
+
+
+# Order rules per dimension. Where the kernel's parameters are concrete the
+# order comes from `far_field_error` for this kernel, these points (or the
+# worst root box size, where the points are traced) and the tree's depth:
+# the smallest n in [min_order, max_estimated] with max(err phi, err grad /
+# GRADIENT_SLACK) <= eps / ESTIMATE_MARGIN. Measured over every kernel, 2D
+# and 3D, uniform and clustered points (docs/BENCHMARKS.md), the measured
+# error of phi is at most 1.08 times its estimate and that of grad at most
+# 0.06 times its own, so the rule keeps err phi <= 0.27 eps and err grad <=
+# 3 eps. (Measured before the 3D M2L's truncated basis, which the estimate
+# does not model: it added 3% to the error where measured, and the N =
+# 20,000 acceptance of every kernel stayed within eps.)
+# max_estimated: 2D saturates near 1e-13 (rounding) by n = 18; in 3D the
+# M2L matrices hold 317 k^2 values per level (k of the n^3 multi-indices
+# kept: 3.3 GB in float64 at n = 12, k = 1,142; orders above 12 are not
+# measured).
+#
+# Otherwise (traced kernel parameters) the worst-case rule: the relative
+# error assumed at n is error_scale * error_rate^n, at least 4x the worst of
+# max(err phi, err grad / 10) measured over every kernel (Gaussians of three
+# widths, multiquadrics, polyharmonics, Yukawa, Laplace2D), uniform and
+# clustered points (benchmarks/accuracy_rbf.py, N = 4,000, float64;
+# docs/accuracy_chebyshev_*.md). The worst case is the Gaussian whose width
+# is about a box side. 3D orders 8-10 were measured on the seven hardest
+# kernels of n = 7. Orders below min_order were not measured.
+RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18,
+                 max_estimated=18),
+         3: dict(error_scale=1.0, error_rate=0.25, min_order=4, max_order=10,
+                 max_estimated=12)}
+ESTIMATE_MARGIN = 4.0
+GRADIENT_SLACK = 200.0
+# Rounding floors of the estimated rule (2D float64 measured: 1e-14 to 2e-13
+# at n = 16-18, docs/BENCHMARKS.md).
+ROUNDING_FLOOR = {"float32": 3e-6, "float64": 1e-12}
+# Root box sides tried where the points are traced (the kernel's own length
+# scale is unknown): 4^-10 .. 4^10.
+_TRACED_SIDES = tuple(4.0 ** k for k in range(-10, 11))
+
+
+def _float64():
+    """A context in which jnp computes in float64 (jax.enable_x64 here,
+    jax.experimental.enable_x64 in releases without it)."""
+    ctx = getattr(jax, "enable_x64", None)
+    if ctx is None:
+        from jax.experimental import enable_x64 as ctx
+    return ctx(True)
+
+
+def _model_pairs(dim: int, count: int = 4096) -> np.ndarray:
+    """Squared distances of `count` pairs of uniform points in the unit cube."""
+    rng = np.random.default_rng(0)
+    return np.sum((rng.random((count, dim)) - rng.random((count, dim))) ** 2, axis=-1)
+
+
+class Rule:
+    """The order rules of the Chebyshev family in `dim` dimensions.
+
+    `order_for` chooses n from an error estimate for the kernel and points;
+    `order` is the worst-case rule (`RULES`) used where the kernel's
+    parameters are traced.
+    """
+
+    def __init__(self, dim: int, error_scale: float, error_rate: float, min_order: int,
+                 max_order: int, max_estimated: int):
+        self.dim = dim
+        self.error_scale, self.error_rate = error_scale, error_rate
+        self.MAX_ORDER = max(max_order, max_estimated)
+        self.ORDERS = tuple(range(min_order, max_order + 1))
+        self.ESTIMATED_ORDERS = tuple(range(min_order, max_estimated + 1))
+
+    def _error_bound(self, n: int) -> float:
+        return self.error_scale * self.error_rate ** n
+
+    @property
+    def EPS_FLOOR(self):
+        """The worst-case rule's floor (`order_for` may reach further)."""
+        worst = self._error_bound(self.ORDERS[-1])
+        return {"float32": max(ROUNDING_FLOOR["float32"], worst), "float64": worst}
+
+    def order(self, eps: float, dtype, points: float | None = None) -> int:
+        """Nodes per dimension n for a relative L2 error eps by the
+        worst-case rule (ValueError if eps is below what dtype or the
+        largest n reaches)."""
+        return choose_order(eps, dtype, self.EPS_FLOOR, self.ORDERS, self._error_bound,
+                                  f"the {self.dim}D Chebyshev family")
+
+    def order_for(self, eps: float, dtype, kernel, depth_of, root_side=None,
+                  pair_r2=None) -> int:
+        """n for a relative L2 error eps from `far_field_error`: the
+        smallest n whose estimate, max(err phi, err grad / GRADIENT_SLACK),
+        is <= eps / ESTIMATE_MARGIN.
+
+        kernel: concrete parameters; depth_of(n): the tree depth at n;
+        root_side and pair_r2 (squared distances of sample pairs of the
+        points): None where the points are traced, and then the worst of
+        uniform points in root boxes of sides _TRACED_SIDES. ValueError if
+        no n reaches eps, or eps is below the dtype's ROUNDING_FLOOR.
+        """
+        name = jnp.dtype(dtype).name
+        if eps < ROUNDING_FLOOR[name]:
+            hint = "; use float64 inputs with jax_enable_x64" if name == "float32" else ""
+            raise ValueError(f"eps={eps:g} is below what the {self.dim}D Chebyshev family "
+                             f"reaches in {name} (about {ROUNDING_FLOOR[name]:.1e}){hint}")
+        if root_side is None:
+            # The worst over box sizes; no more than the worst-case rule's n.
+            try:
+                cap = self.order(eps, dtype)
+            except ValueError:
+                cap = None
+            cases = [(s, _model_pairs(self.dim) * s * s) for s in _TRACED_SIDES]
+        else:
+            cases = [(float(root_side), np.asarray(pair_r2, np.float64))]
+        with _float64(), jax.ensure_compile_time_eval():
+            moments = [pair_moments(kernel, r2, s, self.dim) for s, r2 in cases]
+            estimates, cache = {}, {}
+            best = None
+            for n in self.ESTIMATED_ORDERS:
+                depth = depth_of(n)
+                if depth not in estimates:
+                    estimates[depth] = np.max([far_field_error(kernel, self.dim, s, depth, m, cache)
+                                               for (s, _), m in zip(cases, moments)], axis=0)
+                err = estimates[depth][:, n]
+                if max(err[0], err[1] / GRADIENT_SLACK) * ESTIMATE_MARGIN <= eps:
+                    return n if root_side is not None or cap is None else min(n, cap)
+                if root_side is None and n == cap:
+                    return cap
+                best = err[0] if best is None else min(best, err[0])
+        raise ValueError(f"eps={eps:g} is below what the {self.dim}D Chebyshev family reaches "
+                         f"for {kernel} on these points (estimated error {best:.1e} at "
+                         f"n = {self.ESTIMATED_ORDERS[-1]}); use a larger eps")
+
+    def leaf_size(self, n: int) -> int:
+        """Mean points per leaf s that balances, per leaf, the near field's
+        3^d s^2 pair terms against M2L's 2 L P^2 flops (L = 189 or 27
+        translations): s = P sqrt(2 L / (3^d r)), with r = 40 flops of GEMM
+        per pair term (H200: 7e11 pairs/s against 3e13 flop/s)."""
+        translations = 6 ** self.dim - 3 ** self.dim      # an interior box's list
+        share = (2 * translations / (3 ** self.dim * 40)) ** 0.5
+        return max(32, int(share * n ** self.dim))
+
+
+@functools.lru_cache(maxsize=None)
+def rule(dim: int) -> Rule:
+    return Rule(dim, **RULES[dim])
+
+
+def choose(kernel, eps: float, dtype, points: Points, order: int | None = None) -> Choice:
+    """n from the error estimate where the kernel's parameters are concrete
+    (for these points, or the worst root box size where they are traced),
+    else from the worst-case rule; or `order`, range-checked."""
+    r = rule(points.dim)
+    n = checked_order(order, r.MAX_ORDER)
+    if n is None and kernel.is_concrete():
+        sample = points.sample
+        side, r2 = (None, None) if sample is None else (
+            sample.side, np.sum((sample.y - sample.x) ** 2, axis=-1))
+        n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side, r2)
+    elif n is None:
+        n = r.order(eps, dtype)
+    return Choice(n, depth_for(points, r.leaf_size(n)))
