@@ -1,6 +1,6 @@
 """Draw docs/rbf_fit.png from docs/data/rbf_fit_gpu.json and rbf_peers_cpu.json.
 
-    python benchmarks/plot_rbf.py
+    python benchmarks/plot.py
 
 Left: fit time against N (jfmm on the GPU, set-up and solve; scipy and
 ferreus_rbf on a 2-core CPU). Right: relative RMS error at new points.
