@@ -17,11 +17,6 @@ from jfmm.ops import backend
 
 # ------------------------------------------------------------------ checks
 
-def _check_kernel(kernel):
-    if not isinstance(kernel, _kernels.Kernel):
-        raise TypeError(f"kernel must be a jfmm.kernels.Kernel, got {type(kernel).__name__}")
-
-
 def _check_points(name: str, x, dims):
     x = jnp.asarray(x)
     if x.ndim != 2 or x.shape[1] not in dims:
@@ -42,7 +37,8 @@ def _check_points(name: str, x, dims):
 
 def _prepare(sources, charges, targets, kernel):
     """Validate and cast. Returns (sources, charges (N, K), targets | None, squeeze)."""
-    _check_kernel(kernel)
+    if not isinstance(kernel, _kernels.Kernel):
+        raise TypeError(f"kernel must be a jfmm.kernels.Kernel, got {type(kernel).__name__}")
     sources = _check_points("sources", sources, kernel.dims)
     if targets is not None:
         targets = _check_points("targets", targets, kernel.dims)
@@ -107,6 +103,18 @@ def _bind(tree, ops, kernel, charges, config, gradient, mode):
     return outs[0], (outs[1] if gradient else None)
 
 
+def _call(jits, *args, mode: str, **static):
+    """Call the first of `backend.variants` that jax accepts."""
+    *first, last = backend.variants(jits, args, mode)
+    for f in first:
+        try:
+            return f(*args, mode=mode, **static)
+        except ValueError as e:          # inside a user's jit: no compiler options
+            if "compiler_options" not in str(e):
+                raise
+    return last(*args, mode=mode, **static)
+
+
 _fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode"))
 
 
@@ -115,10 +123,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     """Fast multipole sum phi(y_j) = sum_i q_i K(|y_j - x_i|).
 
     Same arguments and shapes as `direct`, plus eps, the requested relative
-    L2 error of phi over the targets (the order is chosen from eps, kernel
-    and dtype; an eps the dtype cannot reach raises ValueError; None means
-    1e-5 in float32 and 1e-6 in float64, float32's floor being about 2e-6),
-    leaf_size,
+    L2 error of phi over the targets (None: 1e-5 in float32, 1e-6 in
+    float64; an eps the dtype cannot reach raises ValueError), leaf_size,
     the mean points per leaf the tree depth aims at, and order, which
     overrides the expansion order chosen from eps.
 
@@ -152,8 +158,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     _configure.check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
     config = _configure.resolve(sources, targets, kernel, eps, leaf_size, order, family)
-    phi, grad = backend.call(_fmm_jits, sources, charges, targets, kernel, config=config,
-                             gradient=gradient, mode=backend.current())
+    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, config=config,
+                      gradient=gradient, mode=backend.current())
     return _finish(phi, grad, squeeze, gradient)
 
 
@@ -197,8 +203,7 @@ class Plan:
         charges = charges.astype(self.tree.src_sorted.dtype)
         if squeeze:
             charges = charges[:, None]
-        phi, grad = backend.call(_apply_jits, self, charges, gradient=gradient,
-                                 mode=backend.current())
+        phi, grad = _call(_apply_jits, self, charges, gradient=gradient, mode=backend.current())
         return _finish(phi, grad, squeeze, gradient)
 
     def update(self, sources, targets=None):
@@ -209,19 +214,15 @@ class Plan:
         the fast Gauss transform's grid level and order) keep their
         accuracy for new points of about the same extent, not for points
         spread much wider."""
-        sources = _check_points("sources", sources, self.kernel.dims)
-        if sources.shape != self.tree.src_sorted.shape:
-            raise ValueError(f"update needs sources of shape {self.tree.src_sorted.shape}, "
-                             f"got {sources.shape}")
-        if targets is not None:
-            targets = _check_points("targets", targets, self.kernel.dims)
-            if targets.shape != self.tree.tgt_sorted.shape:
-                raise ValueError(f"update needs targets of shape {self.tree.tgt_sorted.shape}, "
-                                 f"got {targets.shape}")
-        dtype = self.tree.src_sorted.dtype
-        tree = _build_jit(sources.astype(dtype),
-                          None if targets is None else targets.astype(dtype), self.tree.depth)
-        return dataclasses.replace(self, tree=tree)
+        def checked(name, x, like):
+            x = _check_points(name, x, self.kernel.dims)
+            if x.shape != like.shape:
+                raise ValueError(f"update needs {name} of shape {like.shape}, got {x.shape}")
+            return x.astype(like.dtype)
+
+        sources = checked("sources", sources, self.tree.src_sorted)
+        targets = None if targets is None else checked("targets", targets, self.tree.tgt_sorted)
+        return dataclasses.replace(self, tree=_build_jit(sources, targets, self.tree.depth))
 
 
 def _apply(plan_, charges, gradient, mode):
@@ -229,8 +230,6 @@ def _apply(plan_, charges, gradient, mode):
 
 
 _apply_jits = backend.jits(_apply, ("gradient", "mode"))
-
-
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
 
 

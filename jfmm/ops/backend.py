@@ -217,22 +217,16 @@ def jits(fun, static: tuple):
             jax.jit(fun, static_argnames=static, compiler_options=FAST_COMPILE))
 
 
-def _concrete(x) -> bool:
-    return not isinstance(x, Tracer)
-
-
-def call(jits, *args, mode: str, **static):
-    """jits[1] for a top-level GPU call, else jits[0]: traced arguments (a
-    user's jit, grad, vmap) take the plain one (under grad the one with
-    options ran its forward pass before jax refused it), and so does a call
-    inside a user's jit on constants, where jax raises."""
+def variants(jits, args, mode: str) -> tuple:
+    """The jitted variants of `jits` (from `jits()`) to try in order: the
+    one with FAST_COMPILE first for a top-level GPU call on concrete
+    arguments, else the plain one alone. Traced arguments (a user's jit,
+    grad, vmap) take the plain one (under grad the one with options ran its
+    forward pass before jax refused it); inside a user's jit on constants
+    jax refuses compiler options with a ValueError, and the caller goes on
+    to the plain one."""
     plain, fast = jits
     if (mode != "pallas" or "xla_gpu_enable_triton_gemm" in os.environ.get("XLA_FLAGS", "")
-            or not all(map(_concrete, jax.tree_util.tree_leaves(args)))):
-        return plain(*args, mode=mode, **static)
-    try:
-        return fast(*args, mode=mode, **static)
-    except ValueError as e:          # inside a user's jit: no compiler options
-        if "compiler_options" not in str(e):
-            raise
-    return plain(*args, mode=mode, **static)
+            or any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(args))):
+        return (plain,)
+    return (fast, plain)
