@@ -128,7 +128,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family) -> Config:
     # for the models that use them; None for traced points or parameters.
     sampled = family == "hermite" or order is None and (gaussian or model is chebyshev_model)
     sample = _pair_sample(sources, targets) if sampled and kernel.is_concrete() else None
-    points = Points(n_src, n_tgt, dim, leaf_size, sample)
+    points = Points(n_src, n_tgt, n_src + (0 if targets is None else n_tgt), dim, leaf_size,
+                    sample)
     gauss = None
     if family == "hermite" or (family == "auto" and gaussian and order is None and eps
                                >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name]):

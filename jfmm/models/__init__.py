@@ -30,11 +30,14 @@ class Sample(NamedTuple):
 
 
 class Points(NamedTuple):
-    """The point sets a model chooses for: sizes, dimension, the mean
-    points per leaf asked for (None: the family's own), and a `Sample`
-    (None where the points are traced)."""
+    """The point sets a model chooses for: sizes (n_tgt = n_src where the
+    targets are the sources), the points stored (n_src, or n_src + n_tgt
+    for separate targets), dimension, the mean points per leaf asked for
+    (None: the family's own), and a `Sample` (None where the points are
+    traced)."""
     n_src: int
     n_tgt: int
+    n_points: int
     dim: int
     leaf_size: int | None
     sample: Sample | None

@@ -186,7 +186,7 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
     if order is not None and (not isinstance(order, int) or not 1 <= order <= MAX_ORDER):
         raise ValueError(f"order must be an int in [1, {MAX_ORDER}], got {order!r}")
     best = plan(points.dim, eps, dtype, float(kernel.epsilon), points.sample,
-                points.n_src + points.n_tgt, order)
+                points.n_points, order)
     if best is None and explicit:
         raise ValueError(f"eps={eps:g} is below what the fast Gauss transform reaches for "
                          f"{kernel} on these points (order <= {MAX_ORDER}, grid of at "
