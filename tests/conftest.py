@@ -4,24 +4,14 @@ The reference sums the inputs as the library received them: points and
 charges are rounded to the working dtype, then summed in float64 with numpy,
 so the error measured is the algorithm's, not the inputs' rounding.
 """
-import os
+import jax
+import numpy as np
+import pytest
 
-# XLA's CPU runtime can wedge (a computation that never completes, every
-# thread parked) with multi-threaded Eigen and asynchronous dispatch; it hung
-# an RBF solve in a clean-clone run (jax 0.10.2). pytest-xdist runs one
-# process per core anyway.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_cpu_multi_thread_eigen=false").strip()
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from jfmm import _reference  # noqa: E402
-from jfmm import kernels as K  # noqa: E402
+from jfmm import _reference
+from jfmm import kernels as K
 
 jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 DISTRIBUTIONS = ("cube", "sphere", "cluster")
 

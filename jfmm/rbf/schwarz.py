@@ -135,14 +135,16 @@ def _saddle(kernel, pts, valid, smoothing, powers):
     return jnp.concatenate([top, bottom], axis=0)
 
 
-def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: int = 64):
+def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: int | None = None):
     """G (D, n_core, m_ext): rows of the local systems' inverses that map
     an extended set's residual to its core's coefficients.
 
     points (n, d), smoothing (n,), ext (D, m_ext) int (sentinel n). A
     subdomain whose local system is singular (degenerate local points)
     gets G = 0: the preconditioner then skips it, and the outer solve's
-    residual check still holds."""
+    residual check still holds. chunk: subdomains factorized at once (None:
+    64, and 1 on the CPU, where jaxlib's batched LU waits on the intra-op
+    thread pool it shares with XLA and can deadlock it)."""
     n, dim = points.shape
     padded = jnp.concatenate([points, jnp.zeros((1, dim), points.dtype)])
     smooth = jnp.concatenate([smoothing, jnp.ones((1,), smoothing.dtype)])
@@ -155,6 +157,8 @@ def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: i
         g = jnp.linalg.solve(s, rhs)[:m_ext].T
         return jnp.where(jnp.all(jnp.isfinite(g)), g, 0.0)
 
+    if chunk is None:
+        chunk = 1 if jax.default_backend() == "cpu" else 64
     d = ext.shape[0]
     pad = (-d) % chunk
     blocks = jnp.concatenate([ext, jnp.full((pad, m_ext), n, ext.dtype)]).reshape(-1, chunk,
