@@ -67,18 +67,31 @@ def depth_for(points: Points, leaf_size: int) -> int:
     return choose_depth(max(points.n_src, points.n_tgt), points.dim, leaf)
 
 
-def choose_order(eps: float, dtype, eps_floor: dict, orders, error_bound, family: str) -> int:
-    """The smallest order whose assumed error is <= eps (the largest order
-    if none is).
-
-    eps_floor: {dtype name: smallest eps reached}; error_bound(order): the
-    error the rule assumes; family names the family in the ValueError raised
-    for an eps below the dtype's floor.
-    """
+def check_floor(eps: float, dtype, eps_floor: dict, family: str):
+    """ValueError for an eps below the dtype's floor ({dtype name: smallest
+    eps reached}); family names the family in the message."""
     name = jnp.dtype(dtype).name
     floor = eps_floor[name]
     if eps < floor:
         hint = "; use float64 inputs with jax_enable_x64" if name == "float32" else ""
         raise ValueError(f"eps={eps:g} is below what {family} reaches in {name} "
                          f"(about {floor:.1e}){hint}")
+
+
+def choose_order(eps: float, dtype, eps_floor: dict, orders, error_bound, family: str) -> int:
+    """The smallest order whose assumed error is <= eps (the largest order
+    if none is); error_bound(order): the error the rule assumes. Raises
+    (`check_floor`) for an eps below the dtype's floor."""
+    check_floor(eps, dtype, eps_floor, family)
     return min(p for p in orders if error_bound(p) <= eps or p == orders[-1])
+
+
+def series_choice(order_for_eps, max_order: int, leaf_size, eps: float, dtype, points: Points,
+                  order: int | None) -> Choice:
+    """The Laplace series families' choice: the order from eps for
+    sqrt(N M) point pairs (or `order`, range-checked), the depth from its
+    leaf size."""
+    p = checked_order(order, max_order)
+    if p is None:
+        p = order_for_eps(eps, dtype, (points.n_src * points.n_tgt) ** 0.5)
+    return Choice(p, depth_for(points, leaf_size(p)))

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm.models import Choice, Points, checked_order, choose_order, depth_for
+from jfmm.models import Choice, Points, check_floor, checked_order, choose_order, depth_for
 from jfmm.tree import lists
 
 
@@ -226,11 +226,7 @@ class Rule:
         uniform points in root boxes of sides _TRACED_SIDES. ValueError if
         no n reaches eps, or eps is below the dtype's ROUNDING_FLOOR.
         """
-        name = jnp.dtype(dtype).name
-        if eps < ROUNDING_FLOOR[name]:
-            hint = "; use float64 inputs with jax_enable_x64" if name == "float32" else ""
-            raise ValueError(f"eps={eps:g} is below what the {self.dim}D Chebyshev family "
-                             f"reaches in {name} (about {ROUNDING_FLOOR[name]:.1e}){hint}")
+        check_floor(eps, dtype, ROUNDING_FLOOR, f"the {self.dim}D Chebyshev family")
         if root_side is None:
             # The worst over box sizes; no more than the worst-case rule's n.
             try:

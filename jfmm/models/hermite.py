@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax.numpy as jnp
 import numpy as np
 
-from jfmm.models import Choice, Points, Sample
+from jfmm.models import Choice, Points, Sample, check_floor, checked_order
 from jfmm.ops.hermite import _coupling, normalized_hermite
 from jfmm.tree import morton
 
@@ -137,11 +136,7 @@ def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: 
     Cost model (H200-like): the points' P2H and L2P move 16 p^d bytes
     each, the grid passes 16 d (n p)^d bytes, the d matrix products
     2 d n^(d+1) p^(d+1) flops at 7.5 flops per byte."""
-    name = jnp.dtype(dtype).name
-    if eps < ROUNDING_FLOOR[name]:
-        hint = "; use float64 inputs with jax_enable_x64" if name == "float32" else ""
-        raise ValueError(f"eps={eps:g} is below what the fast Gauss transform reaches in "
-                         f"{name} (about {ROUNDING_FLOOR[name]:.1e}){hint}")
+    check_floor(eps, dtype, ROUNDING_FLOOR, "the fast Gauss transform")
     d = dim
     epsilon = abs(float(epsilon))
     best = None
@@ -183,8 +178,7 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
                              "and order depend on their values): call it outside jit, or "
                              "use family='chebyshev'")
         return None
-    if order is not None and (not isinstance(order, int) or not 1 <= order <= MAX_ORDER):
-        raise ValueError(f"order must be an int in [1, {MAX_ORDER}], got {order!r}")
+    order = checked_order(order, MAX_ORDER)
     best = plan(points.dim, eps, dtype, float(kernel.epsilon), points.sample,
                 points.n_points, order)
     if best is None and explicit:

@@ -1,7 +1,7 @@
 """The 3D Laplace family's error model: the order for eps, the leaf size."""
 from __future__ import annotations
 
-from jfmm.models import Choice, Points, checked_order, choose_order, depth_for
+from jfmm.models import Choice, Points, choose_order, series_choice
 
 
 # Typical relative L2 error of the potential per order p (float64, N = 20,000,
@@ -59,13 +59,10 @@ def order_for_eps(eps: float, dtype, points: float | None = None) -> int:
     Raises ValueError if eps is below what `dtype` (or the largest tabulated
     order) can reach.
     """
-    return choose_order(eps, dtype, EPS_FLOOR, ORDERS,
-                              lambda p: _error_bound(p, points), "the 3D Laplace family")
+    return choose_order(eps, dtype, EPS_FLOOR, ORDERS, lambda p: _error_bound(p, points),
+                        "the 3D Laplace family")
 
 
 def choose(kernel, eps: float, dtype, points: Points, order: int | None = None) -> Choice:
     """Order (from eps, or `order` range-checked) and depth for these points."""
-    p = checked_order(order, MAX_ORDER)
-    if p is None:
-        p = order_for_eps(eps, dtype, (points.n_src * points.n_tgt) ** 0.5)
-    return Choice(p, depth_for(points, leaf_size(p)))
+    return series_choice(order_for_eps, MAX_ORDER, leaf_size, eps, dtype, points, order)
