@@ -26,13 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jfmm import kernels as _kernels
+from jfmm import tree as _tree
+from jfmm._compat import Tracer
 from jfmm.models import Points, Sample
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
 from jfmm.models import laplace3d as laplace3d_model
-from jfmm import tree as _tree
-from jfmm._compat import Tracer
 from jfmm.ops import chebyshev, hermite, laplace2d, laplace3d
 from jfmm.tree import lists
 

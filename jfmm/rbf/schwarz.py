@@ -46,9 +46,11 @@ def median_groups(x: np.ndarray, size: int) -> list[np.ndarray]:
 
 def padded(groups: list[np.ndarray], width: int, fill: int) -> np.ndarray:
     """Index groups as rows (G, width), padded with `fill`."""
+    sizes = np.array([len(g) for g in groups])
+    rows = np.repeat(np.arange(len(groups)), sizes)
+    cols = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     out = np.full((len(groups), width), fill, np.int64)
-    for i, g in enumerate(groups):
-        out[i, :len(g)] = g
+    out[rows, cols] = np.concatenate(groups)
     return out
 
 
