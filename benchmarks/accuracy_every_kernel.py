@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jax.numpy as jnp  # noqa: E402
 import jfmm  # noqa: E402
 from jfmm import configure  # noqa: E402
-from bench_rbf import COMMON, KERNELS, label, rel  # noqa: E402
+from accuracy_rbf import label  # noqa: E402
+from bench_rbf import COMMON, KERNELS  # noqa: E402
+from common import rel  # noqa: E402
 
 
 def main():

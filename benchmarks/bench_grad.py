@@ -1,6 +1,7 @@
 """Reverse-mode gradients through jfmm.fmm against the forward call.
 
-    python benchmarks/bench_grad.py --n 1048576 --dtype float32 --eps 1e-5
+    python benchmarks/bench_grad.py --n 1048576 --dtype float32 --eps 1e-5 \
+        --out docs/data/grad_float32.json
 
 Two losses, each differentiated with jax.grad with respect to every input:
 
@@ -14,29 +15,42 @@ relative L2 on 1,000 sampled points against a float64 direct sum:
 dE/dq_i = phi(x_i), dE/dx_i = q_i grad phi(x_i); dL/dy_j = w_j grad phi(y_j),
 dL/dq_i = psi(x_i), dL/dx_i = q_i grad psi(x_i) with psi the potential of
 charges w at y.
+
+JSON row fields: loss (forward, energy or probe), call, n, kernel, dim,
+points, dtype, eps, first_call_s (compilation + first run), time_ms, ratio
+(to the forward call), temp_mb, and the errors of that call: err_phi,
+err_grad (forward), err_dx, err_dq (energy, probe), err_dy (probe).
 """
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# common puts the checkout on sys.path, before jfmm is imported.
+from common import make_points, median_time, parser, reference, rel, sample, Table
 
-import jfmm  # noqa: E402
-from bench_laplace import make_points, median_time, reference, rel  # noqa: E402
+import jfmm
+
+# Error fields and their names in the table, per loss.
+ERRORS = {"forward": (("err_phi", "phi"), ("err_grad", "grad")),
+          "energy": (("err_dx", "dE/dx"), ("err_dq", "dE/dq")),
+          "probe": (("err_dx", "dL/dx"), ("err_dq", "dL/dq"), ("err_dy", "dL/dy"))}
+COLUMNS = [
+    ("call", "call", ""), ("first_call_s", "first call s", ".1f"),
+    ("time_ms", "median ms", lambda r: f"**{r['time_ms']:.2f}**"),
+    ("ratio", "ratio to forward", ".2f"), ("temp_mb", "temp MB", ".0f"),
+    ("errors", "errors", lambda r: ", ".join(f"{name} {r[key]:.1e}"
+                                             for key, name in ERRORS[r["loss"]])),
+]
 
 
 def compiled(f, *args):
-    """(jitted f, seconds to compile + first run, temp bytes)."""
-    jf = jax.jit(f)
+    """(compiled jit of f, seconds to compile + first run, temp bytes or NaN)."""
     t0 = time.perf_counter()
-    c = jf.lower(*args).compile()
+    c = jax.jit(f).lower(*args).compile()
     jax.block_until_ready(c(*args))
     first = time.perf_counter() - t0
     mem = c.memory_analysis()
@@ -45,13 +59,11 @@ def compiled(f, *args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--n", type=int, default=2 ** 16)
-    ap.add_argument("--dist", default="cube")
+    ap.add_argument("--dist", default="cube", help="points: cube, sphere or plummer")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--eps", type=float, default=1e-5)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
@@ -63,10 +75,11 @@ def main():
     q = (rng.random(n) - 0.5).astype(dtype)
     w = (rng.random(n) - 0.5).astype(dtype)
     xd, yd, qd, wd = map(jnp.asarray, (x, y, q, w))
-    print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}, "
-          f"N = M = {n:,} {args.dist}, {args.dtype}, eps {eps:g}")
-    print("| call | first call s | median ms | ratio to forward | temp MB | errors |\n"
-          "|---|---|---|---|---|---|")
+    s = sample(rng, n)
+    x64, y64, q64, w64 = (v.astype(np.float64) for v in (x, y, q, w))
+    ref, gref = reference(x64, q64, x64[s])                  # phi, grad phi at x_s
+    psi, gpsi = reference(y64, w64, x64[s])                  # adjoint field at x_s
+    _, gy = reference(x64, q64, y64[s])                      # grad phi at y_s
 
     def forward(a, c):
         return jfmm.fmm(a, c, eps=eps, gradient=True)
@@ -77,34 +90,29 @@ def main():
     def probe(a, c, b):
         return jnp.sum(wd * jfmm.fmm(a, c, b, eps=eps))
 
-    rows = []
-    f, first, temp = compiled(forward, xd, qd)
-    t_fwd = median_time(f, xd, qd, repeats=args.repeats)
-    phi, grad = f(xd, qd)
-    rows.append(("forward, phi + grad (targets = sources)", first, t_fwd, temp, (phi, grad)))
-    ge, first, temp = compiled(jax.grad(energy, argnums=(0, 1)), xd, qd)
-    rows.append(("grad of energy w.r.t. x, q", first,
-                 median_time(ge, xd, qd, repeats=args.repeats), temp, ge(xd, qd)))
-    gp, first, temp = compiled(jax.grad(probe, argnums=(0, 1, 2)), xd, qd, yd)
-    rows.append(("grad of probe loss w.r.t. x, q, y", first,
-                 median_time(gp, xd, qd, yd, repeats=args.repeats), temp, gp(xd, qd, yd)))
-
-    s = rng.choice(n, size=min(1000, n), replace=False)
-    x64, y64, q64, w64 = (v.astype(np.float64) for v in (x, y, q, w))
-    ref, gref = reference(x64, q64, x64[s])                  # phi, grad phi at x_s
-    psi, gpsi = reference(y64, w64, x64[s])                  # adjoint field at x_s
-    _, gy = reference(x64, q64, y64[s])                      # grad phi at y_s
-    errs = [
-        f"phi {rel(phi[s], ref):.1e}, grad {rel(grad[s], gref):.1e}",
-        f"dE/dx {rel(rows[1][4][0][s], q64[s, None] * gref):.1e}, "
-        f"dE/dq {rel(rows[1][4][1][s], ref):.1e}",
-        f"dL/dx {rel(rows[2][4][0][s], q64[s, None] * gpsi):.1e}, "
-        f"dL/dq {rel(rows[2][4][1][s], psi):.1e}, "
-        f"dL/dy {rel(rows[2][4][2][s], w64[s, None] * gy):.1e}",
+    # (loss, description, function, arguments, errors of its outputs)
+    calls = [
+        ("forward", "forward, phi + grad (targets = sources)", forward, (xd, qd),
+         lambda o: dict(err_phi=rel(o[0][s], ref), err_grad=rel(o[1][s], gref))),
+        ("energy", "grad of energy w.r.t. x, q", jax.grad(energy, argnums=(0, 1)), (xd, qd),
+         lambda o: dict(err_dx=rel(o[0][s], q64[s, None] * gref), err_dq=rel(o[1][s], ref))),
+        ("probe", "grad of probe loss w.r.t. x, q, y", jax.grad(probe, argnums=(0, 1, 2)),
+         (xd, qd, yd),
+         lambda o: dict(err_dx=rel(o[0][s], q64[s, None] * gpsi), err_dq=rel(o[1][s], psi),
+                        err_dy=rel(o[2][s], w64[s, None] * gy))),
     ]
-    for (name, first, t, temp, _), err in zip(rows, errs):
-        print(f"| {name} | {first:.1f} | **{t * 1e3:.2f}** | {t / t_fwd:.2f} | "
-              f"{temp / 2 ** 20:.0f} | {err} |", flush=True)
+    table = Table(f"gradients through jfmm.fmm, N = M = {n:,} {args.dist}, {args.dtype}, "
+                  f"eps {eps:g}", COLUMNS)
+    t_fwd = None
+    for loss, name, f, fargs, errors in calls:
+        c, first, temp = compiled(f, *fargs)
+        t = median_time(c, *fargs, repeats=args.repeats)
+        t_fwd = t_fwd or t
+        out = [np.asarray(o) for o in c(*fargs)]
+        table.add(dict(loss=loss, call=name, n=n, kernel="Laplace3D", dim=3, points=args.dist,
+                       dtype=args.dtype, eps=eps, first_call_s=first, time_ms=t * 1e3,
+                       ratio=t / t_fwd, temp_mb=temp / 2 ** 20, **errors(out)))
+    table.save(args.out)
 
 
 if __name__ == "__main__":

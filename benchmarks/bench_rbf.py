@@ -1,6 +1,7 @@
 """Every kernel through jfmm.fmm at large N, beside 3D Laplace and the direct sum.
 
-    python benchmarks/bench_rbf.py --n 1048576 --dim 3 --dtype float32 --eps 1e-4
+    python benchmarks/bench_rbf.py --n 1048576 --dim 3 --dtype float32 --eps 1e-4 \
+        --out docs/data/kernels_3d.json
 
 Per kernel: the median time of the jitted sum with potential and gradient
 (tree build included, after compilation; the tree build alone beside it),
@@ -8,34 +9,42 @@ the first eager jfmm.fmm call (choices, compilation and run), and the relative
 L2 error of potential and gradient on 1,000 sampled targets against a
 float64 direct sum of the same rounded inputs. The direct sum (potential and
 gradient, same backend) is timed at --direct-n points and scaled by
-(N / direct-n)^2 to N, said so in the table. Prints markdown rows.
+(N / direct-n)^2 to N, said so in the table.
+
+JSON row fields: n, kernel, dim, points, dtype, eps, family, order, depth,
+total_ms, build_ms, first_call_s, direct_ms (scaled to N), direct_n, speedup
+(direct_ms / total_ms), err_phi, err_grad; with --profile also up_ms,
+m2l_matrices_ms, down_ms, l2p_ms, near_ms and near_pairs_per_s.
 """
 from __future__ import annotations
-
-import argparse
-import os
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# common puts the checkout on sys.path, before jfmm is imported.
+from common import first_time, make_points, median_time, parser, rel, sample, Table
 
-import jfmm  # noqa: E402
-from accuracy_rbf import label  # noqa: E402
-from bench_laplace import median_time, rel  # noqa: E402
-from jfmm import kernels as K  # noqa: E402
-from jfmm.ops import backend, translate  # noqa: E402
-from jfmm.tree import build as build_tree, lists  # noqa: E402
-
-from jfmm import configure, passes  # noqa: E402
+import jfmm
+from accuracy_rbf import label
+from jfmm import configure, passes
+from jfmm import kernels as K
+from jfmm.ops import backend, translate
+from jfmm.tree import build as build_tree, lists
 
 KERNELS = {2: [K.Laplace2D()], 3: [K.Laplace3D()]}
 COMMON = [K.Gaussian(1.0), K.Gaussian(10.0), K.Multiquadric(1.0), K.InverseMultiquadric(1.0),
           K.InverseQuadratic(1.0), K.ThinPlateSpline(), K.Linear(), K.Cubic(), K.Quintic(),
           K.Yukawa(2.0)]
+
+COLUMNS = [
+    ("kernel", "kernel", ""),
+    ("family", "family, order, depth", lambda r: f"{r['family']}, {r['order']}, {r['depth']}"),
+    ("total_ms", "fmm ms", lambda r: f"**{r['total_ms']:.2f}**"), ("build_ms", "tree ms", ".2f"),
+    ("first_call_s", "first call s", ".1f"), ("direct_ms", "direct ms (scaled)", ".0f"),
+    ("speedup", "speed-up", lambda r: f"{r['speedup']:.0f}x"),
+    ("err_phi", "err phi", ".2e"), ("err_grad", "err grad", ".2e"),
+]
 
 
 def chosen(x, kernel, eps, traced: bool) -> tuple[str, int, int]:
@@ -50,13 +59,12 @@ def chosen(x, kernel, eps, traced: bool) -> tuple[str, int, int]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--n", type=int, default=2 ** 16)
     ap.add_argument("--dim", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--eps", type=float, default=1e-4)
     ap.add_argument("--direct-n", type=int, default=2 ** 16)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--kernels", default=None, help="comma-separated indices into the list")
     ap.add_argument("--gather-bytes", type=int, default=None,
                     help="override jfmm.ops.translate.GATHER_BYTES (the M2L formulation)")
@@ -74,23 +82,20 @@ def main():
         translate.GATHER_BYTES = args.gather_bytes
     jax.config.update("jax_enable_x64", True)      # the float64 references
     dtype = np.dtype(args.dtype).type
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(args.seed)
     n, dim, eps = args.n, args.dim, args.eps
-    x = rng.random((n, dim)).astype(dtype)
+    x = make_points("cube", n, rng, dim).astype(dtype)
     q = (rng.random(n) - 0.5).astype(dtype)
     xd, qd = jnp.asarray(x), jnp.asarray(q)
-    s = rng.choice(n, size=min(1000, n), replace=False)
+    s = sample(rng, n)
     x64, q64 = jnp.asarray(x, jnp.float64), jnp.asarray(q, jnp.float64)
     nd = min(args.direct_n, n)
     scale = (n / nd) ** 2
     kernels = KERNELS[dim] + COMMON
     if args.kernels:
         kernels = [kernels[int(i)] for i in args.kernels.split(",")]
-    print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {time.strftime('%Y-%m-%d')}, "
-          f"N = {n:,} uniform, {dim}D, {args.dtype}, eps {eps:g}; direct timed at "
-          f"N = {nd:,} and scaled by {scale:g}")
-    print("| kernel | family, order, depth | fmm ms | tree ms | first call s | direct ms (scaled) "
-          "| speed-up | err phi | err grad |\n|---|---|---|---|---|---|---|---|---|")
+    table = Table(f"every kernel, N = {n:,} uniform, {dim}D, {args.dtype}, eps {eps:g}; "
+                  f"direct timed at N = {nd:,} and scaled by {scale:g}", COLUMNS)
     for k in kernels:
         fam, order, depth = chosen(xd, k, eps, traced=args.orders == "traced")
         if args.orders == "traced":
@@ -103,10 +108,9 @@ def main():
             fam, order, depth = pl.family, pl.order, pl.tree.depth
             f = jax.jit(lambda p_, a, c: p_.update(a).apply(c, gradient=True))
             timed = (pl, xd, qd)
-        t0 = time.perf_counter()     # an eager call: choices, compilation, run
-        jax.block_until_ready(jfmm.fmm(xd, qd, kernel=k, eps=eps, gradient=True,
-                                       family=args.family, order=args.order))
-        first = time.perf_counter() - t0
+        # An eager call: choices, compilation, run.
+        _, first = first_time(lambda: jfmm.fmm(xd, qd, kernel=k, eps=eps, gradient=True,
+                                               family=args.family, order=args.order))
         phi, grad = jax.block_until_ready(f(*timed))
         t = median_time(f, *timed, repeats=args.repeats)
         tree = jax.jit(lambda a, depth=depth: build_tree(a, None, depth))
@@ -114,18 +118,24 @@ def main():
         d = jax.jit(lambda a, c, k=k: jfmm.direct(a, c, kernel=k, gradient=True))
         td = median_time(d, xd[:nd], qd[:nd], repeats=3) * scale
         ref, gref = jfmm.direct(x64, q64, x64[s], kernel=k, gradient=True)
-        print(f"| {label(k)} | {fam}, {order}, {depth} | **{t * 1e3:.2f}** | {t_tree * 1e3:.2f} | "
-              f"{first:.1f} | {td * 1e3:.0f} | "
-              f"{td / t:.0f}x | {rel(phi[s], ref):.2e} | {rel(grad[s], gref):.2e} |", flush=True)
-        if args.profile and fam not in ("hermite", "near"):
-            print(profile(pl, qd, args.repeats), flush=True)
+        row = dict(n=n, kernel=label(k), dim=dim, points="cube", dtype=args.dtype, eps=eps,
+                   family=fam, order=order, depth=depth, total_ms=t * 1e3,
+                   build_ms=t_tree * 1e3, first_call_s=first, direct_ms=td * 1e3, direct_n=nd,
+                   speedup=td / t, err_phi=rel(phi[s], ref), err_grad=rel(grad[s], gref))
+        profiled = args.profile and args.orders == "points" and fam not in ("hermite", "near")
+        if profiled:
+            row.update(profile(pl, qd, args.repeats))
+        table.add(row)
+        if profiled:
+            print(profile_line(row), flush=True)
+    table.save(args.out)
 
 
-def profile(pl, q, repeats: int) -> str:
-    """A row of per-pass medians (ms) for plan pl: P2M + M2M (up), the M2L
-    matrices of every level, M2L + L2L (down, matrices included), L2P and
-    the near field; each pass jitted alone, so their sum exceeds the whole
-    call's time by launch gaps."""
+def profile(pl, q, repeats: int) -> dict:
+    """Per-pass medians (ms) for plan pl: P2M + M2M (up), the M2L matrices
+    of every level, M2L + L2L (down, matrices included), L2P and the near
+    field, and the near field's pairs per second; each pass jitted alone, so
+    their sum exceeds the whole call's time by launch gaps."""
     tree, k, p, ops = pl.tree, pl.kernel, pl.order, pl.ops
     family = pl.config.family
     mode = backend.current()
@@ -146,15 +156,21 @@ def profile(pl, q, repeats: int) -> str:
     near = jax.jit(lambda t, c, kk: backend.near_field(
         kk, t.tgt_sorted, t.tgt_start, t.src_sorted, c, t.src_start,
         lists.neighbors(t.depth, t.dim), True, mode))
-    ms = [median_time(up, tree, qs, ops, repeats=repeats),
-          median_time(mats, tree, ops, k, repeats=repeats),
-          median_time(down, tree, mult, ops, k, repeats=repeats),
-          median_time(jax.jit(l2p), tree, loc, repeats=repeats),
-          median_time(near, tree, qs, k, repeats=repeats)]
+    out = {"up_ms": median_time(up, tree, qs, ops, repeats=repeats),
+           "m2l_matrices_ms": median_time(mats, tree, ops, k, repeats=repeats),
+           "down_ms": median_time(down, tree, mult, ops, k, repeats=repeats),
+           "l2p_ms": median_time(jax.jit(l2p), tree, loc, repeats=repeats),
+           "near_ms": median_time(near, tree, qs, k, repeats=repeats)}
     pairs = float(jnp.sum(_near_pairs(tree)))
-    return (f"|   passes (ms): up {ms[0] * 1e3:.2f} / M2L matrices {ms[1] * 1e3:.2f} / down "
-            f"{ms[2] * 1e3:.2f} / L2P {ms[3] * 1e3:.2f} / near {ms[4] * 1e3:.2f} "
-            f"({pairs / ms[4]:.2e} pairs/s) |||||||||")
+    return {**{key: t * 1e3 for key, t in out.items()},
+            "near_pairs_per_s": pairs / out["near_ms"]}
+
+
+def profile_line(r: dict) -> str:
+    """The markdown line under a kernel's row with its per-pass times."""
+    return (f"|   passes (ms): up {r['up_ms']:.2f} / M2L matrices {r['m2l_matrices_ms']:.2f} / "
+            f"down {r['down_ms']:.2f} / L2P {r['l2p_ms']:.2f} / near {r['near_ms']:.2f} "
+            f"({r['near_pairs_per_s']:.2e} pairs/s) |||||||||")
 
 
 def _near_pairs(tree):

@@ -1,56 +1,73 @@
 """First-call time of the eager public calls, in a fresh process.
 
-    python benchmarks/first_call.py KERNEL DTYPE EPS [N]
+    python benchmarks/first_call.py --kernel laplace3d --dtype float32 --eps 1e-5 \
+        --out docs/data/first_call.json
 
-KERNEL: a `jfmm.kernels.get` name (laplace3d, yukawa, ...). Times, at N
-uniform points (default 2^20) with potential and gradient: the first eager
-`jfmm.fmm` call (choices, compilation, run), the second (same shapes: choices
-and run), `jfmm.plan` plus the first `Plan.apply`, and the second apply;
-and the relative L2 error of the potential on 1,000 sampled targets against
-a float64 direct sum. Prints one markdown row, with XLA_FLAGS.
+One configuration per process (compilation caches start empty); with --out
+the row is appended to the file's rows if it exists, so one file collects a
+process per configuration. KERNEL: a `jfmm.kernels.get` name (laplace3d,
+yukawa with kappa 2, ...). Times, at --n uniform points (default 2^20) with
+potential and gradient: the first eager `jfmm.fmm` call (choices,
+compilation, run), the second (same shapes: choices and run), `jfmm.plan`
+plus the first `Plan.apply`, and the second apply; and the relative L2 error
+of the potential on 1,000 sampled targets against a float64 direct sum.
+Prints one markdown row, with XLA_FLAGS.
+
+JSON row fields: kernel, n, dim, points, dtype, eps, family, order, depth,
+xla_flags, first_fmm_s, second_fmm_ms, plan_first_apply_s, second_apply_ms,
+err_phi.
 """
 from __future__ import annotations
 
 import os
-import sys
-import time
 
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# common puts the checkout on sys.path, before jfmm is imported.
+from common import first_time, make_points, parser, rel, sample, Table
 
-import jfmm  # noqa: E402
+import jfmm
 
-
-def timed(f):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(f())
-    return out, time.perf_counter() - t0
+COLUMNS = [
+    ("kernel", "kernel", ""), ("dtype", "dtype", ""), ("eps", "eps", "g"),
+    ("xla_flags", "XLA_FLAGS", lambda r: r["xla_flags"] or "(none)"),
+    ("first_fmm_s", "first fmm s", ".1f"), ("second_fmm_ms", "second fmm ms", ".0f"),
+    ("plan_first_apply_s", "plan + first apply s", ".1f"),
+    ("second_apply_ms", "second apply ms", ".1f"), ("err_phi", "err phi", ".2e"),
+]
 
 
 def main():
-    name, dtype, eps = sys.argv[1], np.dtype(sys.argv[2]).type, float(sys.argv[3])
-    n = int(sys.argv[4]) if len(sys.argv) > 4 else 2 ** 20
+    ap = parser(__doc__, repeats=False)
+    ap.add_argument("--kernel", default="laplace3d", help="a jfmm.kernels.get name")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--eps", type=float, default=1e-5)
+    ap.add_argument("--n", type=int, default=2 ** 20)
+    args = ap.parse_args()
+    name, dtype, eps, n = args.kernel, np.dtype(args.dtype).type, args.eps, args.n
     jax.config.update("jax_enable_x64", True)
     kernel = jfmm.kernels.get(name, **({"kappa": 2.0} if name == "yukawa" else {}))
-    rng = np.random.default_rng(0)
-    x = rng.random((n, 3)).astype(dtype)
+    rng = np.random.default_rng(args.seed)
+    x = make_points("cube", n, rng).astype(dtype)
     q = (rng.random(n) - 0.5).astype(dtype)
     xd, qd = jax.device_put(x), jax.device_put(q)
-    (phi, _), first = timed(lambda: jfmm.fmm(xd, qd, kernel=kernel, eps=eps, gradient=True))
-    _, second = timed(lambda: jfmm.fmm(xd, qd, kernel=kernel, eps=eps, gradient=True))
-    pl, t_plan = timed(lambda: jfmm.plan(xd, kernel=kernel, eps=eps))
-    _, apply1 = timed(lambda: pl.apply(qd, gradient=True))
-    _, apply2 = timed(lambda: pl.apply(qd, gradient=True))
-    s = rng.choice(n, 1000, replace=False)
+    fmm = lambda: jfmm.fmm(xd, qd, kernel=kernel, eps=eps, gradient=True)  # noqa: E731
+    (phi, _), first = first_time(fmm)
+    _, second = first_time(fmm)
+    pl, t_plan = first_time(lambda: jfmm.plan(xd, kernel=kernel, eps=eps))
+    _, apply1 = first_time(lambda: pl.apply(qd, gradient=True))
+    _, apply2 = first_time(lambda: pl.apply(qd, gradient=True))
+    s = sample(rng, n)
     ref = jfmm.direct(x.astype(np.float64), q.astype(np.float64), x[s].astype(np.float64),
                       kernel=kernel)
-    err = np.linalg.norm(np.asarray(phi, np.float64)[s] - ref) / np.linalg.norm(ref)
-    flags = os.environ.get("XLA_FLAGS", "") or "(none)"
-    print(f"| {kernel} | {np.dtype(dtype).name} | {eps:g} | {flags} | {first:.1f} | "
-          f"{second * 1e3:.0f} | {(t_plan + apply1):.1f} | {apply2 * 1e3:.1f} | {err:.2e} |",
-          flush=True)
+    table = Table("first calls, fresh process", COLUMNS)
+    table.add(dict(kernel=str(kernel), n=n, dim=3, points="cube", dtype=args.dtype, eps=eps,
+                   family=pl.family, order=pl.order, depth=pl.tree.depth,
+                   xla_flags=os.environ.get("XLA_FLAGS", ""), first_fmm_s=first,
+                   second_fmm_ms=second * 1e3, plan_first_apply_s=t_plan + apply1,
+                   second_apply_ms=apply2 * 1e3, err_phi=rel(np.asarray(phi)[s], ref)))
+    table.save(args.out, append=True)
 
 
 if __name__ == "__main__":

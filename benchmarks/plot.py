@@ -1,28 +1,314 @@
-"""Draw docs/rbf_fit.png from docs/data/rbf_fit_gpu.json and rbf_peers_cpu.json.
+"""Draw the figures of docs/BENCHMARKS.md from the benchmarks' JSON files.
 
-    python benchmarks/plot.py
+    python benchmarks/plot.py [--data docs/data] [--docs docs]
 
-Left: fit time against N (jfmm on the GPU, set-up and solve; scipy and
-ferreus_rbf on a 2-core CPU). Right: relative RMS error at new points.
+Each figure is drawn when its data files are in --data (else a line says
+which are missing) and saved as a PNG in --docs:
+
+  laplace_time.png   3D Laplace time against N, total and tree build, with
+                     the direct sum (bench_laplace: laplace_float32.json,
+                     laplace_float64.json)
+  laplace_error.png  measured error and time against eps (bench_laplace
+                     --eps sweeps: laplace_eps_float32.json, _float64.json)
+  speedup.png        speed-up over the direct sum against N (the Laplace
+                     files) and of every kernel at one N (bench_rbf:
+                     kernels_3d.json, kernels_2d.json, kernels_3d_float64.json,
+                     kernels_2d_float64.json)
+  peers.png          jfmm beside jaxFMM, time against error (bench_peers:
+                     peers_float32.json, peers_float64.json)
+  rbf_fit.png        RBF fit time and error against N (bench_rbf_fit,
+                     bench_rbf_peers: rbf_fit_gpu.json, rbf_peers_cpu.json)
 """
+import argparse
 import json
+import math
 import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
-DOCS = os.path.join(os.path.dirname(__file__), "..", "docs")
-
-
-def load(name):
-    with open(os.path.join(DOCS, "data", name)) as fh:
-        return [r for r in json.load(fh) if "error" not in r]
+DOCS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
+DTYPES = ("float32", "float64")
+COLOR = {"float32": "C0", "float64": "C3"}
 
 
-def main():
-    ours, peers = load("rbf_fit_gpu.json"), load("rbf_peers_cpu.json")
+def load(data, name):
+    """(environment or None, rows without failed runs) of data/name, or None
+    if the file is missing. Reads both the {"environment", "title", "rows"}
+    files and the older plain lists of rows."""
+    path = os.path.join(data, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        content = json.load(fh)
+    env, rows = (None, content) if isinstance(content, list) else (content["environment"],
+                                                                  content["rows"])
+    return env, [r for r in rows if not r.get("error")]
+
+
+def load_all(data, names):
+    """{name: (environment, rows)} of the files present, and a printed line
+    naming the missing ones."""
+    found = {name: load(data, name) for name in names}
+    missing = [name for name, v in found.items() if v is None]
+    if missing:
+        print(f"  missing in {data}: {', '.join(missing)}")
+    return {name: v for name, v in found.items() if v is not None}
+
+
+def where(envs) -> str:
+    """'device, jax version, date' of each distinct environment."""
+    seen = []
+    for env in envs:
+        if env:
+            s = f"{env['device']}, jax {env['jax']}, {env['date']}"
+            if s not in seen:
+                seen.append(s)
+    return "; ".join(seen)
+
+
+class _Plain(ticker.LogFormatter):
+    """Log-axis labels as plain numbers (200, 0.5), not 2x10^2."""
+
+    def _num_to_string(self, x, vmin, vmax):
+        return f"{x:g}"
+
+
+def plain_y(ax):
+    """Plain numbers on a log y axis, minor ticks labelled where it spans
+    less than about a decade (as matplotlib does)."""
+    ax.yaxis.set_major_formatter(_Plain())
+    ax.yaxis.set_minor_formatter(_Plain(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
+def label_points(ax, points):
+    """Annotate (x, y, text) points; points within ~15% of each other on
+    both (log) axes share one label."""
+    groups = []
+    for x, y, text in points:
+        for g in groups:
+            if abs(math.log(x / g[0])) < 0.15 and abs(math.log(y / g[1])) < 0.15:
+                g[2].append(text)
+                break
+        else:
+            groups.append([x, y, [text]])
+    for x, y, texts in groups:
+        ax.annotate(", ".join(texts), (x, y), fontsize=7, textcoords="offset points",
+                    xytext=(5, 3))
+
+
+def save(fig, docs, name):
+    out = os.path.join(docs, name)
+    os.makedirs(docs, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    print(f"saved {out}")
+
+
+def by_n(rows, points="cube"):
+    """Rows of one point distribution, by eps, each sorted by N."""
+    groups = {}
+    for r in rows:
+        if r.get("points", points) == points:
+            groups.setdefault(r["eps"], []).append(r)
+    return {eps: sorted(g, key=lambda r: r["n"]) for eps, g in groups.items()}
+
+
+def laplace_time(data, docs):
+    files = load_all(data, [f"laplace_{dt}.json" for dt in DTYPES])
+    if not files:
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 5.5), constrained_layout=True)
+    last = None
+    for dt in DTYPES:
+        if f"laplace_{dt}.json" not in files:
+            continue
+        for eps, rows in by_n(files[f"laplace_{dt}.json"][1]).items():
+            n = [r["n"] for r in rows]
+            c = COLOR[dt]
+            ax.plot(n, [r["total_ms"] for r in rows], "o-", color=c,
+                    label=f"{dt}, eps {eps:g}: fmm (tree build included)")
+            ax.plot(n, [r["build_ms"] for r in rows], "s:", color=c, ms=4,
+                    label=f"{dt}: tree build")
+            direct = [(r["n"], r["direct_ms"]) for r in rows if r.get("direct_ms")]
+            if direct:
+                ax.plot(*zip(*direct), "^-.", color=c, alpha=0.6, label=f"{dt}: direct sum")
+            last = last or (n, rows[-1]["total_ms"])
+    if last:       # O(N) through the first curve's largest N
+        n, t = last
+        ax.plot([n[0], n[-1]], [t * n[0] / n[-1], t], "--", color="gray", lw=1, label="O(N)")
+    ax.set(xscale="log", yscale="log", xlabel="N (sources = targets)",
+           ylabel="time per call [ms]")
+    ax.set_xscale("log", base=2)
+    plain_y(ax)
+    ax.set_title("3D Laplace, potential and gradient, uniform cube\n"
+                 + where(env for env, _ in files.values()), fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, docs, "laplace_time.png")
+    return True
+
+
+def laplace_error(data, docs):
+    files = load_all(data, [f"laplace_eps_{dt}.json" for dt in DTYPES])
+    if not files:
+        return False
+    fig, (ax_e, ax_t) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
+    eps_all = []
+    for dt in DTYPES:
+        if f"laplace_eps_{dt}.json" not in files:
+            continue
+        rows = sorted(files[f"laplace_eps_{dt}.json"][1], key=lambda r: -r["eps"])
+        for n in sorted({r["n"] for r in rows}):
+            sel = [r for r in rows if r["n"] == n and r.get("points", "cube") == "cube"]
+            eps = [r["eps"] for r in sel]
+            eps_all += eps
+            c = COLOR[dt]
+            ax_e.plot(eps, [r["err_phi"] for r in sel], "o-", color=c,
+                      label=f"{dt}, N = {n:,}: potential")
+            ax_e.plot(eps, [r["err_grad"] for r in sel], "^--", color=c, alpha=0.7,
+                      label=f"{dt}, N = {n:,}: gradient")
+            ax_t.plot(eps, [r["total_ms"] for r in sel], "o-", color=c, label=f"{dt}, N = {n:,}")
+            label_points(ax_t, [(r["eps"], r["total_ms"], f"p={r['order']}") for r in sel])
+    if eps_all:
+        lo, hi = min(eps_all), max(eps_all)
+        ax_e.plot([hi, lo], [hi, lo], ":", color="gray", label="error = eps")
+    ax_e.set(xscale="log", yscale="log", xlabel="requested eps",
+             ylabel="relative L2 error (1,000 targets)", title="measured error")
+    ax_t.set(xscale="log", yscale="log", xlabel="requested eps",
+             ylabel="time per call [ms]", title="time (tree build included), p: order")
+    plain_y(ax_t)
+    for ax in (ax_e, ax_t):
+        ax.invert_xaxis()       # tighter eps to the right
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("3D Laplace against eps, potential and gradient, uniform cube; "
+                 + where(env for env, _ in files.values()), fontsize=10)
+    save(fig, docs, "laplace_error.png")
+    return True
+
+
+KERNEL_FILES = ("kernels_3d.json", "kernels_2d.json", "kernels_3d_float64.json",
+                "kernels_2d_float64.json")
+
+
+def _kernel_name(label: str) -> str:
+    """One category for Laplace3D and Laplace2D."""
+    return "Laplace" if label.startswith("Laplace") else label
+
+
+def speedup(data, docs):
+    laplace = load_all(data, [f"laplace_{dt}.json" for dt in DTYPES])
+    kernels = load_all(data, KERNEL_FILES)
+    if not laplace and not kernels:
+        return False
+    panels = int(bool(laplace)) + int(bool(kernels))
+    fig, axes = plt.subplots(1, panels, figsize=(6 + 5.5 * (panels - 1), 4.8),
+                             constrained_layout=True, squeeze=False,
+                             gridspec_kw={"width_ratios": [1, 1.6][:panels]})
+    axes = list(axes[0])
+    if laplace:
+        ax = axes.pop(0)
+        for name, (_, rows) in laplace.items():
+            dt = rows[0]["dtype"] if rows else ""
+            for eps, sel in by_n(rows).items():
+                pts = [(r["n"], r["direct_ms"] / r["total_ms"]) for r in sel if r.get("direct_ms")]
+                if pts:
+                    ax.plot(*zip(*pts), "o-", color=COLOR.get(dt), label=f"{dt}, eps {eps:g}")
+        ax.axhline(1, color="gray", ls="--", lw=1, label="break-even")
+        ax.set(xscale="log", yscale="log", xlabel="N (sources = targets)",
+               ylabel="direct sum time / fmm time", title="3D Laplace")
+        ax.set_xscale("log", base=2)
+        plain_y(ax)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+    if kernels:
+        _kernel_bars(axes.pop(0), kernels)
+    fig.suptitle("Speed-up over the direct sum, potential and gradient, uniform points; "
+                 + where(env for env, _ in {**laplace, **kernels}.values()), fontsize=10)
+    save(fig, docs, "speedup.png")
+    return True
+
+
+def _kernel_bars(ax, files):
+    """Grouped bars: every kernel's speed-up, one bar per file."""
+    names = []
+    for _, rows in files.values():
+        for r in rows:
+            if _kernel_name(r["kernel"]) not in names:
+                names.append(_kernel_name(r["kernel"]))
+    width = 0.8 / len(files)
+    direct_n = set()
+    for i, (name, (_, rows)) in enumerate(files.items()):
+        got = {_kernel_name(r["kernel"]): r["speedup"] for r in rows}
+        direct_n |= {r["direct_n"] for r in rows}
+        r0 = rows[0]
+        xs = [k + (i - (len(files) - 1) / 2) * width for k, nm in enumerate(names) if nm in got]
+        ax.bar(xs, [got[nm] for nm in names if nm in got], width,
+               hatch="//" if r0["dtype"] == "float64" else None, edgecolor="white",
+               label=f"{r0['dim']}D {r0['dtype']} eps {r0['eps']:g}, N = {r0['n']:,}")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
+    nd = ", ".join(f"{n:,}" for n in sorted(direct_n))
+    ax.set(yscale="log", ylabel="direct sum time / fmm time",
+           title=f"every kernel (direct sum timed at {nd} points, times (N / {nd})^2)")
+    plain_y(ax)
+    ax.grid(True, axis="y", which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+PEER_STYLE = {"jfmm": ("o", "C0"), "jaxFMM": ("s", "C1")}
+
+
+def peers(data, docs):
+    files = load_all(data, [f"peers_{dt}.json" for dt in DTYPES])
+    if not files:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), constrained_layout=True)
+    panels = (("err_phi", ("phi",), "potential", "potential only"),
+              ("err_grad", ("phi, grad", "-grad"), "gradient",
+               "with gradient (jfmm: phi and grad; jaxFMM: the field -grad)"))
+    for ax, (key, outputs, what, title) in zip(axes, panels):
+        labels = []
+        for (_, rows) in files.values():
+            for r in rows:
+                dt = r["dtype"]
+                if r["code"] == "jfmm.direct":
+                    ax.axhline(r["time_ms"], color="gray", ls="--" if dt == "float32" else ":",
+                               lw=1, label=f"direct sum, {dt}")
+                    continue
+                if r["outputs"] not in outputs or r.get(key) is None:
+                    continue
+                marker, color = PEER_STYLE.get(r["code"], ("x", "k"))
+                name = r["code"] + (f" {r['version']}" if r.get("version") else "")
+                ax.plot(r[key], r["time_ms"], marker, color=color, ms=7,
+                        mfc=color if dt == "float32" else "none", label=f"{name}, {dt}")
+                labels.append((r[key], r["time_ms"], r["setting"]))
+        label_points(ax, labels)
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))            # one legend entry per label
+        ax.legend(unique.values(), unique.keys(), fontsize=7)
+        ax.set(xscale="log", yscale="log", xlabel=f"relative L2 error of the {what}",
+               ylabel="time per call [ms]", title=title)
+        ax.title.set_fontsize(10)
+        plain_y(ax)
+        ax.grid(True, which="major", alpha=0.3)
+    n = {r["n"] for _, rows in files.values() for r in rows}
+    fig.suptitle(f"jfmm beside jaxFMM, 3D Laplace, N = {', '.join(f'{v:,}' for v in sorted(n))}"
+                 f" uniform cube (filled: float32, open: float64); "
+                 + where(env for env, _ in files.values()), fontsize=10)
+    save(fig, docs, "peers.png")
+    return True
+
+
+def rbf_fit(data, docs):
+    files = load_all(data, ["rbf_fit_gpu.json", "rbf_peers_cpu.json"])
+    if len(files) < 2:
+        return False
+    ours, peers = files["rbf_fit_gpu.json"][1], files["rbf_peers_cpu.json"][1]
     fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     for kernel, marker in (("linear", "o"), ("thin_plate_spline", "s")):
         rows = sorted((r for r in ours if r["kernel"] == kernel), key=lambda r: r["n"])
@@ -44,9 +330,23 @@ def main():
              ylabel="relative RMS error at new points", title="3D Franke-type data")
     ax_t.legend(fontsize=7)
     ax_e.legend(fontsize=7)
-    out = os.path.join(DOCS, "rbf_fit.png")
-    fig.savefig(out, dpi=100)
-    print(f"saved {out}")
+    save(fig, docs, "rbf_fit.png")
+    return True
+
+
+FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=os.path.join(DOCS, "data"),
+                    help="folder of the benchmarks' JSON files")
+    ap.add_argument("--docs", default=DOCS, help="folder the PNGs are written to")
+    args = ap.parse_args()
+    for figure in FIGURES:
+        print(f"{figure.__name__}:")
+        if not figure(args.data, args.docs):
+            print("  skipped: no data")
 
 
 if __name__ == "__main__":
