@@ -37,8 +37,14 @@ def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
 
 
 def _map(f, xs, batch: int):
-    """lax.map with `batch` tiles vectorised per step."""
+    """lax.map with `batch` tiles vectorised per step. The tile count must
+    be a multiple of batch: a remainder would trace and compile f twice."""
+    assert jax.tree_util.tree_leaves(xs)[0].shape[0] % batch == 0
     return jax.lax.map(f, xs, batch_size=batch)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def default_batch(n_tiles: int) -> int:
@@ -60,6 +66,8 @@ def dense(kernel: Kernel, targets, sources, charges, gradient: bool,
     m, d = targets.shape
     n, kq = charges.shape
     nt, ns = -(-m // tile), -(-n // tile)
+    batch = batch or default_batch(nt)
+    nt = _round_up(nt, batch)
     y = pad_rows(targets, nt * tile - m).reshape(nt, tile, d)
     x = pad_rows(sources, ns * tile - n).reshape(ns, tile, d)
     q = pad_rows(charges, ns * tile - n).reshape(ns, tile, kq)
@@ -74,7 +82,7 @@ def dense(kernel: Kernel, targets, sources, charges, gradient: bool,
                 jnp.zeros((tile, kq, d), yt.dtype) if gradient else None)
         return jax.lax.scan(body, init, (x, q, valid))[0]
 
-    phi, grad = _map(one_tile, y, batch or default_batch(nt))
+    phi, grad = _map(one_tile, y, batch)
     phi = phi.reshape(nt * tile, kq)[:m]
     grad = grad.reshape(nt * tile, kq, d)[:m] if gradient else None
     return phi, grad
@@ -94,11 +102,12 @@ def any_coincide(a, b=None):
     return jnp.any(same)
 
 
-def leaf_tiles(tgt_start, n_tgt: int, tile: int):
+def leaf_tiles(tgt_start, n_tgt: int, tile: int, multiple: int = 1):
     """Leaf-aligned target tiles.
 
     tgt_start: (nleaf + 2,) leaf ranges. A leaf of c targets gets ceil(c/tile)
-    tiles, so ceil(M/tile) + nleaf tiles always suffice. Returns per tile
+    tiles, so ceil(M/tile) + nleaf tiles always suffice (rounded up to a
+    multiple of `multiple`). Returns per tile
     (leaf, first target, end) with unused tiles pointing at the empty
     sentinel leaf nleaf.
     """
@@ -106,7 +115,7 @@ def leaf_tiles(tgt_start, n_tgt: int, tile: int):
     counts = tgt_start[1:nleaf + 1] - tgt_start[:nleaf]
     per_leaf = (counts + tile - 1) // tile
     cum = jnp.cumsum(per_leaf)
-    n_tiles = -(-n_tgt // tile) + nleaf
+    n_tiles = _round_up(-(-n_tgt // tile) + nleaf, multiple)
     k = jnp.arange(n_tiles, dtype=jnp.int32)
     leaf = jnp.searchsorted(cum, k, side="right").astype(jnp.int32)
     # Unused tiles start at M (a kernel reading T rows from there stays in
@@ -167,7 +176,8 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     """
     m, d = tgt_sorted.shape
     kq = q_sorted.shape[1]
-    leaf, t0, t1 = leaf_tiles(tgt_start, m, tile)
+    batch = batch or default_batch(-(-m // tile) + tgt_start.shape[0] - 2)
+    leaf, t0, t1 = leaf_tiles(tgt_start, m, tile, batch)
     y_pad = pad_rows(tgt_sorted, tile)
     x_pad = pad_rows(src_sorted, tile)
     q_pad = pad_rows(q_sorted, tile)
@@ -193,5 +203,5 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
                 jnp.zeros((tile, kq, d), y_pad.dtype) if gradient else None)
         return jax.lax.fori_loop(0, cum[-1], body, init)
 
-    phi_t, grad_t = _map(one_tile, (leaf, t0, t1), batch or default_batch(leaf.shape[0]))
+    phi_t, grad_t = _map(one_tile, (leaf, t0, t1), batch)
     return scatter_tiles(phi_t, grad_t, t0, t1, m)
