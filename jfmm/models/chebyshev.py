@@ -36,6 +36,24 @@ _SAMPLES = (-0.35, 0.35)
 _NOISE = 1e-14
 
 
+@jax.jit
+def _value_and_derivative(kernel, r):
+    return kernel.value_and_derivative(r)
+
+
+def _radial(kernel, r) -> tuple[np.ndarray, np.ndarray]:
+    """K(r) and K'(r) as float64 numpy arrays of r's shape, evaluated jitted
+    on r padded to a power-of-two length: one compilation per kernel class
+    and length serves every call (op by op, each new sample size compiled
+    every primitive of the kernel again)."""
+    r = np.asarray(r, np.float64)
+    flat = r.reshape(-1)
+    size = 1 << max(4, (flat.size - 1).bit_length())
+    padded = np.concatenate([flat, np.ones(size - flat.size)])
+    k, dk = _value_and_derivative(kernel, jnp.asarray(padded))
+    return tuple(np.asarray(v, np.float64)[:flat.size].reshape(r.shape) for v in (k, dk))
+
+
 @functools.lru_cache(maxsize=None)
 def _lines(dim: int):
     """Sample lines of well-separated pairs, in box sides.
@@ -73,7 +91,7 @@ def _tails_squared(kernel, dim: int, side: float) -> np.ndarray:
     `side` (float64; kernel parameters concrete)."""
     x, y, weight, t = _lines(dim)
     r = side * np.sqrt(np.sum((x[:, None, :] - y) ** 2, axis=-1))      # (L, M)
-    f = np.asarray(kernel.radial(jnp.asarray(r)), np.float64)
+    f = _radial(kernel, r)[0]
     c = np.abs(f @ t.T) * (2.0 / _LINE_POINTS)
     c[:, 0] /= 2
     # Coefficients at float64 rounding level are noise, not truncation: the
@@ -98,15 +116,12 @@ def pair_moments(kernel, r2, side: float, dim: int) -> tuple[float, float]:
     cut = side / 8
     r2 = np.asarray(r2, np.float64)
     far = np.sqrt(r2[r2 > cut * cut])
-    k, dk = kernel.value_and_derivative(jnp.asarray(far))
-    sampled = [float(np.sum(np.asarray(v, np.float64) ** 2)) / r2.shape[0] for v in (k, dk)]
+    sampled = [float(np.sum(v ** 2)) / r2.shape[0] for v in _radial(kernel, far)]
     steps = np.arange(240) / 4.0                      # r from cut down to cut 2^-60
     r = cut * 2.0 ** -steps
-    k, dk = kernel.value_and_derivative(jnp.asarray(r))
     density = (2 * np.pi if dim == 2 else 4 * np.pi) * r ** dim / side ** dim
     dlog = np.log(2.0) / 4
-    close = [float(np.sum(np.nan_to_num(np.asarray(v, np.float64) ** 2) * density) * dlog)
-             for v in (k, dk)]
+    close = [float(np.sum(np.nan_to_num(v ** 2) * density) * dlog) for v in _radial(kernel, r)]
     return sampled[0] + close[0], sampled[1] + close[1]
 
 
