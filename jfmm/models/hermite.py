@@ -125,6 +125,12 @@ class _Plan(NamedTuple):
     cost: float
 
 
+def _cost(d: int, n: int, p: int, n_points: int) -> float:
+    """The cost model of `plan`: grows with n and with p."""
+    return (16 * n_points * p ** d + 16 * d * (n * p) ** d
+            + 2 * d * n ** (d + 1) * p ** (d + 1) / 7.5)
+
+
 def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: int,
          order: int | None = None) -> _Plan | None:
     """The cheapest (level L, order p) whose estimated errors meet eps:
@@ -147,6 +153,8 @@ def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: 
             p_cap -= 1
         if p_cap < (1 if order is None else order):
             break
+        if best is not None and _cost(d, n, 1, n_points) >= best.cost:
+            break                         # finer grids cost more at any order
         rho = epsilon * sample.side / n
         if rho > MAX_RHO:
             continue
@@ -160,8 +168,7 @@ def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: 
         if not ok.any():
             continue
         p = int(np.argmax(ok)) + 1
-        cost = (16 * n_points * p ** d + 16 * d * (n * p) ** d
-                + 2 * d * n ** (d + 1) * p ** (d + 1) / 7.5)
+        cost = _cost(d, n, p, n_points)
         if best is None or cost < best.cost:
             best = _Plan(level, p, float(err[0, p - 1]), float(cost))
     return best
