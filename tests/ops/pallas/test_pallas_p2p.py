@@ -211,12 +211,12 @@ def test_fmm_through_interpreted_kernel(rng):
     x, q = rng.random((500, 3)), rng.random(500) - 0.5
     backend.set_backend("interpret")
     try:
-        phi, grad = jfmm.fmm(x, q, eps=1e-7, gradient=True, leaf_size=16)  # p = 22, depth 2
+        phi, grad = jfmm.fmm(x, q, eps=1e-5, gradient=True, leaf_size=16)  # p = 11, depth 2
         direct = jfmm.direct(x[:100], q[:100])
     finally:
         backend.set_backend("auto")
     ref, gref = reference(x, q)
-    assert rel(phi, ref) < 1e-7 and rel(grad, gref) < 1e-6
+    assert rel(phi, ref) < 1e-5 and rel(grad, gref) < 1e-4
     assert rel(direct, reference(x[:100], q[:100])[0]) < 1e-13
 
 
