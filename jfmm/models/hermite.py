@@ -125,6 +125,16 @@ class _Plan(NamedTuple):
     cost: float
 
 
+def _lowest_order(err2, eps: float, order: int | None) -> int | None:
+    """The lowest order (from 1; `order` only, if given) whose squared
+    errors err2 (2, p_cap) meet eps, or None."""
+    err = np.sqrt(err2)
+    ok = np.maximum(err[0], err[1] / GRADIENT_SLACK) * ESTIMATE_MARGIN <= eps
+    if order is not None:
+        ok[:order - 1] = False
+    return int(np.argmax(ok)) + 1 if ok.any() else None
+
+
 def _cost(d: int, n: int, p: int, n_points: int) -> float:
     """The cost model of `plan`: grows with n and with p."""
     return (16 * n_points * p ** d + 16 * d * (n * p) ** d
@@ -158,16 +168,20 @@ def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: 
         rho = epsilon * sample.side / n
         if rho > MAX_RHO:
             continue
-        err = np.maximum(_model_errors(rho, n, d, p_cap),
-                         _pair_errors(sample.x[:PAIRS], sample.y[:PAIRS], sample.lo,
-                                      sample.side, level, epsilon, p_cap))
-        err = np.sqrt(err)                                # (2, p_cap), orders 1..p_cap
-        ok = np.maximum(err[0], err[1] / GRADIENT_SLACK) * ESTIMATE_MARGIN <= eps
-        if order is not None:
-            ok[:order - 1] = False
-        if not ok.any():
+        # The estimate is the larger of the model's and the sample pairs'
+        # errors: where the model alone rules this level out (no order meets
+        # eps, or its lowest order already costs more than the best plan),
+        # the pairs cannot bring it back.
+        err = _model_errors(rho, n, d, p_cap)
+        p = _lowest_order(err, eps, order)
+        if p is None or best is not None and _cost(d, n, p, n_points) >= best.cost:
             continue
-        p = int(np.argmax(ok)) + 1
+        err = np.maximum(err, _pair_errors(sample.x[:PAIRS], sample.y[:PAIRS], sample.lo,
+                                           sample.side, level, epsilon, p_cap))
+        p = _lowest_order(err, eps, order)
+        if p is None:
+            continue
+        err = np.sqrt(err)                                # (2, p_cap), orders 1..p_cap
         cost = _cost(d, n, p, n_points)
         if best is None or cost < best.cost:
             best = _Plan(level, p, float(err[0, p - 1]), float(cost))
