@@ -151,8 +151,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     family's error model for eps, or from `order` (for Chebyshev: nodes per
     dimension). Smallest eps, each tested at that value: float64 3D
     Laplace 8.5e-11, 2D Laplace 4.8e-14, Chebyshev 1e-12 in 2D and 1e-10
-    in 3D where the kernel's error estimate reaches them; float32 3e-6
-    (below the fast Gauss transform's 2e-5, Gaussians get Chebyshev).
+    in 3D where the kernel's error estimate reaches them; float32 3e-6 for
+    the Laplace series, 1e-5 for Chebyshev (and Gaussians below 2e-5).
     Inside jit with traced points a Gaussian gets Chebyshev: to keep the
     transform under jit, make a plan outside it and call `Plan.update` and
     `Plan.apply` inside.

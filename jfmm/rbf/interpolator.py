@@ -12,6 +12,7 @@ import numpy as np
 
 from jfmm import api, kernels
 from jfmm._compat import Tracer
+from jfmm.models.chebyshev import ROUNDING_FLOOR
 from jfmm.rbf import polynomial, system
 
 # Below this many data points the system is solved densely, as scipy does.
@@ -104,7 +105,7 @@ class RBFInterpolator:
     float32) or after maxiter steps (default 300) and raises RuntimeError
     where tol is not reached (under a trace the coefficients become NaN
     instead). `fmm_eps`: the FMM's relative error (default tol / 10, at
-    least 3e-6 in float32). `iterations` and `residual` report the solve
+    least 1e-5 in float32). `iterations` and `residual` report the solve
     (0 and the dense solve's residual for 'dense').
 
     Calling interp(x) with x (M, dim) evaluates s at M points by one FMM
@@ -204,7 +205,7 @@ class RBFInterpolator:
         if method not in ("dense", "krylov"):
             raise ValueError(f"method must be 'auto', 'dense' or 'krylov', got {method!r}")
         tol = _default_tol(dtype) if tol is None else float(tol)
-        floor = 3e-6 if jnp.dtype(dtype) == jnp.float32 else 1e-12
+        floor = ROUNDING_FLOOR[jnp.dtype(dtype).name]          # the Chebyshev family's
         fmm_eps = max(tol / 10, floor) if fmm_eps is None else float(fmm_eps)
         if not (tol > 0 and fmm_eps > 0 and int(maxiter) >= 1):
             raise ValueError("tol and fmm_eps must be > 0 and maxiter >= 1")
