@@ -125,10 +125,9 @@ class _Plan(NamedTuple):
     cost: float
 
 
-def _lowest_order(err2, eps: float, order: int | None) -> int | None:
-    """The lowest order (from 1; `order` only, if given) whose squared
-    errors err2 (2, p_cap) meet eps, or None."""
-    err = np.sqrt(err2)
+def _lowest_order(err, eps: float, order: int | None) -> int | None:
+    """The lowest order (from 1; `order` only, if given) whose relative
+    errors err (2, p_cap) meet eps, or None."""
     ok = np.maximum(err[0], err[1] / GRADIENT_SLACK) * ESTIMATE_MARGIN <= eps
     if order is not None:
         ok[:order - 1] = False
@@ -172,16 +171,16 @@ def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: 
         # errors: where the model alone rules this level out (no order meets
         # eps, or its lowest order already costs more than the best plan),
         # the pairs cannot bring it back.
-        err = _model_errors(rho, n, d, p_cap)
+        err = np.sqrt(_model_errors(rho, n, d, p_cap))    # (2, p_cap), orders 1..p_cap
         p = _lowest_order(err, eps, order)
         if p is None or best is not None and _cost(d, n, p, n_points) >= best.cost:
             continue
-        err = np.maximum(err, _pair_errors(sample.x[:PAIRS], sample.y[:PAIRS], sample.lo,
-                                           sample.side, level, epsilon, p_cap))
+        err = np.maximum(err, np.sqrt(_pair_errors(sample.x[:PAIRS], sample.y[:PAIRS],
+                                                   sample.lo, sample.side, level, epsilon,
+                                                   p_cap)))
         p = _lowest_order(err, eps, order)
         if p is None:
             continue
-        err = np.sqrt(err)                                # (2, p_cap), orders 1..p_cap
         cost = _cost(d, n, p, n_points)
         if best is None or cost < best.cost:
             best = _Plan(level, p, float(err[0, p - 1]), float(cost))

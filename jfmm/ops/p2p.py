@@ -47,6 +47,12 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _tile_count(n_tgt: int, nleaf: int, tile: int) -> int:
+    """Leaf-aligned tiles that always suffice: a leaf of c targets takes
+    ceil(c / tile) of them, so ceil(M / tile) + nleaf."""
+    return -(-n_tgt // tile) + nleaf
+
+
 def default_batch(n_tiles: int) -> int:
     """Tiles per mapped step: all at once on accelerators, a few on CPU
     (a vectorised data-dependent loop runs to the largest trip count)."""
@@ -115,7 +121,7 @@ def leaf_tiles(tgt_start, n_tgt: int, tile: int, multiple: int = 1):
     counts = tgt_start[1:nleaf + 1] - tgt_start[:nleaf]
     per_leaf = (counts + tile - 1) // tile
     cum = jnp.cumsum(per_leaf)
-    n_tiles = _round_up(-(-n_tgt // tile) + nleaf, multiple)
+    n_tiles = _round_up(_tile_count(n_tgt, nleaf, tile), multiple)
     k = jnp.arange(n_tiles, dtype=jnp.int32)
     leaf = jnp.searchsorted(cum, k, side="right").astype(jnp.int32)
     # Unused tiles start at M (a kernel reading T rows from there stays in
@@ -176,7 +182,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     """
     m, d = tgt_sorted.shape
     kq = q_sorted.shape[1]
-    batch = batch or default_batch(-(-m // tile) + tgt_start.shape[0] - 2)
+    batch = batch or default_batch(_tile_count(m, tgt_start.shape[0] - 2, tile))
     leaf, t0, t1 = leaf_tiles(tgt_start, m, tile, batch)
     y_pad = pad_rows(tgt_sorted, tile)
     x_pad = pad_rows(src_sorted, tile)

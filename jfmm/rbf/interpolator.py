@@ -131,12 +131,13 @@ class RBFInterpolator:
     (the system is then consistent; else GMRES breaks down and it raises
     RuntimeError) and raises where they do not. With smoothing > 0 duplicates are fine.
 
-    Convergence of the Krylov solve, measured: 5-6 iterations for the
-    linear kernel and 6-7 for the thin-plate spline on uniform 3D points
-    from 10^4 to 10^6 (docs/BENCHMARKS.md), more on clustered points. Flat kernels (Gaussian, multiquadrics, inverse
-    quadratic with a width of several point spacings) stagnate under this
-    preconditioner unless smoothing regularizes them strongly: there the
-    constructor raises; up to 4,096 points the dense solve serves them.
+    Convergence of the Krylov solve, measured: 5-6 iterations for the linear
+    kernel and 6-7 for the thin-plate spline on uniform 3D points from 10^4 to
+    10^6 (docs/BENCHMARKS.md), more on clustered points. Flat kernels
+    (Gaussian, multiquadrics, inverse quadratic with a width of several point
+    spacings) stagnate under this preconditioner unless smoothing regularizes
+    them strongly: there the constructor raises; up to 4,096 points the dense
+    solve serves them.
     """
 
     def __init__(self, y, d, neighbors=None, smoothing=0.0, kernel="thin_plate_spline",
