@@ -109,7 +109,10 @@ def reference(x64, q64, y64):
 
 
 def _commit() -> str | None:
-    """Short hash of the checkout's HEAD, or None outside a git checkout."""
+    """Short hash of the checkout's HEAD ($JFMM_COMMIT where the tree was
+    copied without its git folder), or None."""
+    if os.environ.get("JFMM_COMMIT"):
+        return os.environ["JFMM_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                              capture_output=True, text=True, timeout=10)
