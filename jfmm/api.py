@@ -91,11 +91,12 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 
 # ------------------------------------------------------------------ fmm
 
-def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
-    """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None."""
+def _fmm_eval(sources, charges, targets, kernel, ops, config, gradient, mode, built):
+    """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or
+    None. ops: the operators where `built`, else built here."""
     tree = _tree.build(sources, targets, config.depth)
-    return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config,
-                 gradient, mode)
+    ops = ops if built else config.operators(tree.dim, sources.dtype)
+    return _bind(tree, ops, kernel, charges, config, gradient, mode)
 
 
 def _bind(tree, ops, kernel, charges, config, gradient, mode):
@@ -115,7 +116,7 @@ def _call(jits, *args, mode: str, **static):
     return last(*args, mode=mode, **static)
 
 
-_fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode"))
+_fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode", "built"))
 
 
 def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
@@ -131,7 +132,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     jit-able with eps, gradient, leaf_size and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes
     can overflow anything. Non-finite coordinates raise eagerly and give NaN
-    results under jit.
+    results under jit. Eager calls remember their choices and operators
+    (`configure.resolve_eager`): a repeated call costs about a `Plan.apply`.
 
     Every JAX transformation works with respect to sources, charges and
     targets (jfmm.primitive): jax.grad of the potential costs two FMM calls
@@ -159,9 +161,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     """
     _configure.check_eps(eps)
     sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
-    config = _configure.resolve(sources, targets, kernel, eps, leaf_size, order, family)
-    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, config=config,
-                      gradient=gradient, mode=backend.current())
+    # Concrete points and kernel: the choices and operators of earlier calls.
+    config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
+    ops, built = _configure.eager_operators(config, sources.shape[1], sources.dtype)
+    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, ops, config=config,
+                      gradient=gradient, mode=backend.current(), built=built)
     return _finish(phi, grad, squeeze, gradient)
 
 

@@ -17,6 +17,7 @@ matrices, L2P, NAME and SCHEME; their orders from `jfmm.models`):
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import numbers
@@ -106,14 +107,15 @@ def _tree_family(kernel, dim: int, choice: str):
     return chebyshev_family(dim), chebyshev_model
 
 
-def resolve(sources, targets, kernel, eps, leaf_size, order, family) -> Config:
+def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=False) -> Config:
     """The `Config` of `fmm` and `plan` for prepared points.
 
     Laplace kernels ("auto"): their series families. A Gaussian ("auto",
     concrete epsilon and points, no order given): the near field alone
     where it suffices (`_near_only`), else the fast Gauss transform where
     its plan meets eps, else Chebyshev. Every other kernel: Chebyshev.
-    Each family's order and depth come from its model (`jfmm.models`)."""
+    Each family's order and depth come from its model (`jfmm.models`).
+    sample: the points' `_pair_sample` where the caller drew it already."""
     n_src, dim = sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
     dtype = sources.dtype
@@ -126,8 +128,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family) -> Config:
     fam, model = _tree_family(kernel, dim, family)
     # The points' root box and sample pairs, drawn once (a host round trip)
     # for the models that use them; None for traced points or parameters.
-    sampled = family == "hermite" or order is None and (gaussian or model is chebyshev_model)
-    sample = _pair_sample(sources, targets) if sampled and kernel.is_concrete() else None
+    if sample is False:
+        sample = _pair_sample(sources, targets) if _sampled(kernel, dim, order, family) else None
     points = Points(n_src, n_tgt, n_src + (0 if targets is None else n_tgt), dim, leaf_size,
                     sample)
     gauss = None
@@ -149,6 +151,84 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family) -> Config:
     if gauss is not None:
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps)
     return Config(fam, choice.order, choice.depth, eps)
+
+
+def _sampled(kernel, dim: int, order, family: str) -> bool:
+    """Whether `resolve`'s models take a sample of the points' pairs."""
+    gaussian = isinstance(kernel, _kernels.Gaussian)
+    chebyshev = _tree_family(kernel, dim, family)[1] is chebyshev_model
+    return kernel.is_concrete() and (family == "hermite"
+                                      or order is None and (gaussian or chebyshev))
+
+
+# Repeated eager calls: configurations and operators remembered (LRU).
+CACHE_ENTRIES = 32
+CACHE_OPERATOR_BYTES = 2 ** 30      # larger operators are built inside each call
+_RESOLVED: collections.OrderedDict = collections.OrderedDict()
+_OPERATORS: collections.OrderedDict = collections.OrderedDict()
+
+
+def _remember(cache: collections.OrderedDict, key, make):
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = cache[key] = make()
+    if len(cache) > CACHE_ENTRIES:
+        cache.popitem(last=False)
+    return value
+
+
+def _kernel_key(kernel):
+    """A hashable key of a kernel's structure and concrete parameter values,
+    or None (traced parameters, unhashable structure)."""
+    leaves, treedef = jax.tree_util.tree_flatten(kernel)
+    if not all(concrete(v) for v in leaves):
+        return None
+    key = (treedef, tuple((np.shape(v), np.asarray(v).tobytes()) for v in leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Config:
+    """`resolve` for concrete points and kernel, remembered for repeated
+    calls. The key holds everything `resolve` reads: the kernel's values,
+    the shapes, dtype, eps and overrides, and where the choice depends on
+    the points (a model's sample, a Gaussian's extent) their root box and
+    sample pairs, so a hit returns what `resolve` would. Traced inputs
+    resolve anew."""
+    kernel_key = _kernel_key(kernel)
+    pts = [sources] + ([] if targets is None else [targets])
+    if kernel_key is None or not all(concrete(x) for x in pts):
+        return resolve(sources, targets, kernel, eps, leaf_size, order, family)
+    sample = None
+    if (_sampled(kernel, sources.shape[1], order, _check_family(family))
+            or isinstance(kernel, _kernels.Gaussian)):
+        sample = _pair_sample(sources, targets)
+    where = None if sample is None else (sample.lo.tobytes(), sample.side, sample.x.tobytes(),
+                                         sample.y.tobytes())
+    key = (kernel_key, sources.shape, None if targets is None else targets.shape,
+           jnp.dtype(sources.dtype).name, eps, leaf_size, order, family, where)
+    return _remember(_RESOLVED, key, lambda: resolve(sources, targets, kernel, eps, leaf_size,
+                                                     order, family, sample))
+
+
+def eager_operators(config: Config, dim: int, dtype):
+    """(operators, True) for `config`, built once and remembered; (None,
+    False) inside a jit trace (where they would become constants of the
+    caller's program) or where they exceed CACHE_OPERATOR_BYTES: the call
+    then builds them inside its own jit."""
+    if not concrete(jnp.zeros(())):
+        return None, False
+
+    def make():
+        with jax.ensure_compile_time_eval():
+            ops = config.operators(dim, dtype)
+        size = sum(np.size(v) * np.dtype(v.dtype).itemsize for v in jax.tree_util.tree_leaves(ops))
+        return (ops, True) if size <= CACHE_OPERATOR_BYTES else (None, False)
+    return _remember(_OPERATORS, (config, dim, jnp.dtype(dtype).name), make)
 
 
 def _pair_sample(sources, targets, count: int = 4096):

@@ -80,3 +80,32 @@ def test_eps_below_the_floor_raises(kernel, dtype, rng):
     x = jnp.asarray(points("cube", 1000, rng), dtype)
     with pytest.raises(ValueError, match="eps"):
         resolve(x, kernel, eps=1e-14)
+
+
+def test_repeated_eager_calls_reuse_choices_and_operators(rng, monkeypatch):
+    """A repeated eager call resolves once and builds its operators once;
+    moved or redistributed points of the same shapes resolve again, and
+    every call is within eps of a float64 numpy sum."""
+    from conftest import radial_reference
+
+    import jfmm
+
+    calls = []
+    real = configure.resolve
+    monkeypatch.setattr(configure, "resolve", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kernel, eps = K.InverseMultiquadric(3.0), 1e-6
+    x = points("cube", 1500, rng)
+    for pts, resolves in [(x, 1), (x, 1), (2 * x, 2), (points("cluster", 1500, rng), 3)]:
+        q = rng.random(1500) - 0.5
+        phi = jfmm.fmm(jnp.asarray(pts), jnp.asarray(q), kernel=kernel, eps=eps)
+        ref = radial_reference(kernel, pts, q)[0]
+        assert np.linalg.norm(phi - ref) / np.linalg.norm(ref) < eps
+        assert len(calls) == resolves
+        cfg = configure.resolve_eager(jnp.asarray(pts), None, kernel, eps, None, None, None)
+        assert cfg == real(jnp.asarray(pts), None, kernel, eps, None, None, None)
+    # The same points under jit resolve and build inside the trace: same result.
+    y = jnp.asarray(points("sphere", 1500, rng))
+    q = jnp.asarray(rng.random(1500) - 0.5)
+    eager = jfmm.fmm(y, q, kernel=kernel, eps=eps)
+    np.testing.assert_allclose(jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=kernel, eps=eps))(y, q),
+                               eager, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(eager))))
