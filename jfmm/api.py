@@ -149,7 +149,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     Laplace3D, complex series for Laplace2D, the fast Gauss transform or
     the near field alone for Gaussians where they meet eps, Chebyshev
     interpolation for every other kernel (family="chebyshev" forces it,
-    family="hermite" asks for the Gauss transform). Orders come from each
+    family="hermite" asks for the Gauss transform); below the crossover
+    measured per backend (`configure.DIRECT_PAIRS`) the direct sum. Orders come from each
     family's error model for eps, or from `order` (for Chebyshev: nodes per
     dimension). Smallest eps, each tested at that value: float64 3D
     Laplace 8.5e-11, 2D Laplace 4.8e-14, Chebyshev 1e-12 in 2D and 1e-10

@@ -145,6 +145,9 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         if gauss is None:
             raise
         choice = None
+    if (family == "auto" and order is None and leaf_size is None
+            and _direct_is_faster(fam.NAME, dtype, n_src * n_tgt)):
+        return Config(None, choice.order if choice else 1, 0, eps)
     if choice is not None and family == "auto" and _near_only(kernel, sources, targets, eps,
                                                               choice.depth):
         return Config(None, choice.order, choice.depth, eps)
@@ -229,6 +232,26 @@ def eager_operators(config: Config, dim: int, dtype):
         size = sum(np.size(v) * np.dtype(v.dtype).itemsize for v in jax.tree_util.tree_leaves(ops))
         return (ops, True) if size <= CACHE_OPERATOR_BYTES else (None, False)
     return _remember(_OPERATORS, (config, dim, jnp.dtype(dtype).name), make)
+
+
+# Source-target pairs below which the direct sum (the near field of a
+# one-box tree) beats the FMM, per backend, family and dtype: the crossover
+# of repeated eager calls measured by benchmarks/bench_crossover.py
+# (docs/BENCHMARKS.md); for 2D Laplace that of 3D.
+DIRECT_PAIRS = {
+    "cpu": {("laplace3d", "float32"): 2 ** 26, ("laplace3d", "float64"): 2 ** 27,
+            ("chebyshev", "float32"): 2 ** 27, ("chebyshev", "float64"): 2 ** 28},
+    "gpu": {("laplace3d", "float32"): 2 ** 32, ("laplace3d", "float64"): 2 ** 31.5,
+            ("chebyshev", "float32"): 2 ** 32, ("chebyshev", "float64"): 2 ** 32},
+}
+
+
+def _direct_is_faster(name: str, dtype, pairs: int) -> bool:
+    """Whether the direct sum of `pairs` pairs is faster here than the
+    FMM family `name` (see DIRECT_PAIRS)."""
+    table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
+    name = "laplace3d" if name == "laplace2d" else name
+    return pairs < table.get((name, jnp.dtype(dtype).name), 0)
 
 
 def _pair_sample(sources, targets, count: int = 4096):

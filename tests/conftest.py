@@ -16,6 +16,16 @@ jax.config.update("jax_enable_x64", True)
 DISTRIBUTIONS = ("cube", "sphere", "cluster")
 
 
+@pytest.fixture(autouse=True)
+def fmm_at_every_size(request, monkeypatch):
+    """The tests' small point sets go through the FMM, not the direct sum
+    the configuration prefers below its crossover (tests marked
+    `crossover` keep it)."""
+    if "crossover" not in request.keywords:
+        from jfmm import configure
+        monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {}, "gpu": {}})
+
+
 def points(kind: str, n: int, rng, dim: int = 3) -> np.ndarray:
     """n points: uniform cube, sphere surface, or tight clusters with far outliers."""
     if kind == "cube":

@@ -109,3 +109,24 @@ def test_repeated_eager_calls_reuse_choices_and_operators(rng, monkeypatch):
     eager = jfmm.fmm(y, q, kernel=kernel, eps=eps)
     np.testing.assert_allclose(jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=kernel, eps=eps))(y, q),
                                eager, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(eager))))
+
+
+@pytest.mark.crossover
+def test_direct_sum_below_the_crossover(rng):
+    """Below the measured crossover "auto" sums directly (the near field of
+    a one-box tree), exactly; overrides and larger sets keep the FMM."""
+    import jfmm
+
+    n = 300
+    x, q = points("cluster", n, rng), rng.random(n) - 0.5
+    for kernel in (K.Laplace3D(), K.Multiquadric(2.0)):
+        cfg = resolve(jnp.asarray(x), kernel)
+        assert cfg.name == "near" and cfg.depth == 0
+        phi = jfmm.fmm(jnp.asarray(x), jnp.asarray(q), kernel=kernel)
+        ref = jfmm.direct(jnp.asarray(x), jnp.asarray(q), kernel=kernel)
+        np.testing.assert_allclose(phi, ref, rtol=1e-12, atol=1e-12)
+        assert resolve(jnp.asarray(x), kernel, family="chebyshev").name == "chebyshev"
+        assert resolve(jnp.asarray(x), kernel, leaf_size=16).depth > 0
+        assert traced(jnp.asarray(x), kernel).name == "near"
+    big = jnp.zeros((2 ** 15, 3))
+    assert resolve(big, K.Laplace3D()).name == "laplace3d"
