@@ -29,7 +29,7 @@ import numpy as np
 from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm._compat import Tracer
-from jfmm.models import Points, Sample
+from jfmm.models import Points, Sample, check_floor
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
@@ -110,6 +110,8 @@ def _tree_family(kernel, dim: int, choice: str):
 def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=False) -> Config:
     """The `Config` of `fmm` and `plan` for prepared points.
 
+    Below the direct sum's crossover (`DIRECT_PAIRS`; "auto", no order or
+    leaf size given): the near field of a one-box tree, i.e. every pair.
     Laplace kernels ("auto"): their series families. A Gaussian ("auto",
     concrete epsilon and points, no order given): the near field alone
     where it suffices (`_near_only`), else the fast Gauss transform where
@@ -126,6 +128,9 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         raise ValueError(f"family 'hermite' (the fast Gauss transform) sums the Gaussian "
                          f"kernel only, got {type(kernel).__name__}")
     fam, model = _tree_family(kernel, dim, family)
+    if _direct(kernel, dim, dtype, n_src, n_tgt, order, leaf_size, family):
+        check_floor(eps, dtype, _FLOORS[fam.NAME], f"the {fam.NAME} family")
+        return Config(None, 1, 0, eps)
     # The points' root box and sample pairs, drawn once (a host round trip)
     # for the models that use them; None for traced points or parameters.
     if sample is False:
@@ -145,9 +150,6 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         if gauss is None:
             raise
         choice = None
-    if (family == "auto" and order is None and leaf_size is None
-            and _direct_is_faster(fam.NAME, dtype, n_src * n_tgt)):
-        return Config(None, choice.order if choice else 1, 0, eps)
     if choice is not None and family == "auto" and _near_only(kernel, sources, targets, eps,
                                                               choice.depth):
         return Config(None, choice.order, choice.depth, eps)
@@ -206,9 +208,11 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Co
     pts = [sources] + ([] if targets is None else [targets])
     if kernel_key is None or not all(concrete(x) for x in pts):
         return resolve(sources, targets, kernel, eps, leaf_size, order, family)
-    sample = None
-    if (_sampled(kernel, sources.shape[1], order, _check_family(family))
-            or isinstance(kernel, _kernels.Gaussian)):
+    sample, (n_src, dim) = None, sources.shape
+    n_tgt = n_src if targets is None else targets.shape[0]
+    direct = _direct(kernel, dim, sources.dtype, n_src, n_tgt, order, leaf_size, family)
+    if not direct and (_sampled(kernel, dim, order, _check_family(family))
+                       or isinstance(kernel, _kernels.Gaussian)):
         sample = _pair_sample(sources, targets)
     where = None if sample is None else (sample.lo.tobytes(), sample.side, sample.x.tobytes(),
                                          sample.y.tobytes())
@@ -246,12 +250,22 @@ DIRECT_PAIRS = {
 }
 
 
-def _direct_is_faster(name: str, dtype, pairs: int) -> bool:
-    """Whether the direct sum of `pairs` pairs is faster here than the
-    FMM family `name` (see DIRECT_PAIRS)."""
-    table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
+# The direct sum keeps the eps floors of the family it stands in for, so
+# that an eps raises or not whatever N is.
+_FLOORS = {"laplace3d": laplace3d_model.EPS_FLOOR, "laplace2d": laplace2d_model.EPS_FLOOR,
+           "chebyshev": chebyshev_model.ROUNDING_FLOOR}
+
+
+def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, order, leaf_size, family) -> bool:
+    """Whether "auto" (no order or leaf size given) sums directly: fewer
+    source-target pairs than DIRECT_PAIRS for this backend, the kernel's
+    tree family and dtype."""
+    if family not in (None, "auto") or order is not None or leaf_size is not None:
+        return False
+    name = _tree_family(kernel, dim, "auto")[0].NAME
     name = "laplace3d" if name == "laplace2d" else name
-    return pairs < table.get((name, jnp.dtype(dtype).name), 0)
+    table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
+    return n_src * n_tgt < table.get((name, jnp.dtype(dtype).name), 0)
 
 
 def _pair_sample(sources, targets, count: int = 4096):
