@@ -238,15 +238,16 @@ def eager_operators(config: Config, dim: int, dtype):
     return _remember(_OPERATORS, (config, dim, jnp.dtype(dtype).name), make)
 
 
-# Source-target pairs below which the direct sum (the near field of a
-# one-box tree) beats the FMM, per backend, family and dtype: the crossover
+# Source-target pairs below which the direct sum (all pairs of a one-box
+# tree) beats the FMM, per backend and (family, dim, dtype): the crossover
 # of repeated eager calls measured by benchmarks/bench_crossover.py
-# (docs/BENCHMARKS.md); for 2D Laplace that of 3D.
+# (docs/BENCHMARKS.md). Combinations not measured keep the FMM.
 DIRECT_PAIRS = {
-    "cpu": {("laplace3d", "float32"): 2 ** 26, ("laplace3d", "float64"): 2 ** 27,
-            ("chebyshev", "float32"): 2 ** 27, ("chebyshev", "float64"): 2 ** 28},
-    "gpu": {("laplace3d", "float32"): 2 ** 32, ("laplace3d", "float64"): 2 ** 31.5,
-            ("chebyshev", "float32"): 2 ** 32, ("chebyshev", "float64"): 2 ** 32},
+    "cpu": {("laplace3d", 3, "float32"): 2 ** 26, ("laplace3d", 3, "float64"): 2 ** 27,
+            ("chebyshev", 3, "float32"): 2 ** 27, ("chebyshev", 3, "float64"): 2 ** 28,
+            ("laplace2d", 2, "float64"): 2 ** 22},
+    "gpu": {("laplace3d", 3, "float32"): 2 ** 31.5, ("laplace3d", 3, "float64"): 2 ** 31,
+            ("chebyshev", 3, "float32"): 2 ** 33.5, ("chebyshev", 3, "float64"): 2 ** 33},
 }
 
 
@@ -259,28 +260,42 @@ _FLOORS = {"laplace3d": laplace3d_model.EPS_FLOOR, "laplace2d": laplace2d_model.
 def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, order, leaf_size, family) -> bool:
     """Whether "auto" (no order or leaf size given) sums directly: fewer
     source-target pairs than DIRECT_PAIRS for this backend, the kernel's
-    tree family and dtype."""
+    tree family, dim and dtype."""
     if family not in (None, "auto") or order is not None or leaf_size is not None:
         return False
     name = _tree_family(kernel, dim, "auto")[0].NAME
-    name = "laplace3d" if name == "laplace2d" else name
     table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
-    return n_src * n_tgt < table.get((name, jnp.dtype(dtype).name), 0)
+    return n_src * n_tgt < table.get((name, dim, jnp.dtype(dtype).name), 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _sample_indices(n_src: int, n_tgt: int, count: int):
+    """The sample pairs' source and target indices (fixed: seed 0)."""
+    rng = np.random.default_rng(0)
+    return rng.integers(0, n_src, count), rng.integers(0, n_tgt, count)
+
+
+@jax.jit
+def _sample_arrays(sources, targets, i, j):
+    """Root box of sources and targets (None: the sources), and the sample's rows."""
+    lo, side = _tree.root_box(sources if targets is None else
+                              jnp.concatenate([sources, targets]))
+    return lo, side, sources[i], (sources if targets is None else targets)[j]
 
 
 def _pair_sample(sources, targets, count: int = 4096):
     """The root box and `count` sample (source, target) pairs of concrete
-    points (`jfmm.models.Sample`, float64), or None where they are traced."""
+    points (`jfmm.models.Sample`, float64), or None where they are traced.
+    One device call and one transfer (eager calls pay it every time)."""
     pts = [sources] + ([] if targets is None else [targets])
     if not all(concrete(x) for x in pts):
         return None
-    tgt = sources if targets is None else targets
-    rng = np.random.default_rng(0)
+    n_tgt = sources.shape[0] if targets is None else targets.shape[0]
+    i, j = _sample_indices(sources.shape[0], n_tgt, count)
     with jax.ensure_compile_time_eval():
-        lo, side = _tree.root_box(sources if targets is None else jnp.concatenate(pts))
-        x = np.asarray(sources[rng.integers(0, sources.shape[0], count)], np.float64)
-        y = np.asarray(tgt[rng.integers(0, tgt.shape[0], count)], np.float64)
-    return Sample(np.asarray(lo, np.float64), float(side), x, y)
+        lo, side, x, y = jax.device_get(_sample_arrays(sources, targets, i, j))
+    return Sample(np.asarray(lo, np.float64), float(side), np.asarray(x, np.float64),
+                  np.asarray(y, np.float64))
 
 
 def _near_only(kernel, sources, targets, eps, depth) -> bool:

@@ -62,8 +62,8 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
         phi, grad = gauss_transform(tree, q_sorted, kernel, family, p, gradient, mode)
         return _caller_order(tree, phi, grad, gradient)
     if tree.depth == 0:         # one box: all pairs, as `jfmm.direct` tiles them
-        phi, grad = backend.dense(kernel, tree.tgt_sorted, tree.src_sorted, q_sorted, gradient,
-                                  mode)
+        targets = None if tree.shared else tree.tgt_sorted
+        phi, grad = backend.dense(kernel, targets, tree.src_sorted, q_sorted, gradient, mode)
         return _caller_order(tree, phi, grad, gradient)
     near = lists.neighbors(tree.depth, tree.dim)
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,

@@ -117,7 +117,7 @@ def _block(tree: Tree, ops, kernel, config: Config, w, a: int, c: int):
     eye = jnp.eye(dim, dtype=tgt.dtype)
 
     def potential(ys, q):
-        t = dataclasses.replace(tree, tgt_sorted=ys)
+        t = dataclasses.replace(tree, tgt_sorted=ys, shared=False)
         return passes.evaluate(t, q, kernel, config, ops, False, "jnp")[0]
 
     def one(q, m, s):

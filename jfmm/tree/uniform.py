@@ -29,12 +29,13 @@ from jfmm.tree import morton
     jax.tree_util.register_dataclass,
     data_fields=["lo", "side", "src_perm", "src_sorted", "src_start", "src_leaf",
                  "tgt_perm", "tgt_sorted", "tgt_start", "tgt_leaf", "finite"],
-    meta_fields=["depth", "dim"])
+    meta_fields=["depth", "dim", "shared"])
 @dataclasses.dataclass(frozen=True)
 class Tree:
     """A uniform-depth tree of sources and targets.
 
-    Static (changing them recompiles): depth, dim.
+    Static (changing them recompiles): depth, dim, shared (the targets are
+    the sources, the same arrays).
     Arrays (nleaf = 2^(dim*depth); N sources, M targets):
       lo (dim,), side ()        root box: [lo, lo + side]^dim
       src_perm (N,) int32       sorted position -> original index
@@ -58,6 +59,7 @@ class Tree:
     finite: jax.Array
     depth: int
     dim: int
+    shared: bool = False
 
     @property
     def n_leaves(self) -> int:
@@ -119,6 +121,10 @@ def _sort(points, lo, side, depth: int):
     (its r = 0 select runs only on the target's own leaf)."""
     n, d = points.shape
     nleaf = 2 ** (d * depth)
+    if depth == 0:                  # one leaf: nothing to sort
+        zero, count = jnp.zeros(1, jnp.int32), jnp.full(2, n, jnp.int32)
+        return (jnp.arange(n, dtype=jnp.int32), points, jnp.concatenate([zero, count]),
+                jnp.zeros(n, jnp.int32))
     safe = jnp.where(jnp.isfinite(points), points, lo)
     scaled = jnp.floor((safe - lo) / side * (2 ** depth))
     coords = jnp.clip(scaled, 0, 2 ** depth - 1).astype(jnp.int32)
@@ -142,4 +148,4 @@ def build(sources, targets, depth: int) -> Tree:
     finite = jnp.all(jnp.isfinite(both))
     src = _sort(sources, lo, side, depth)
     tgt = src if targets is None else _sort(targets, lo, side, depth)
-    return Tree(lo, side, *src, *tgt, finite, depth=depth, dim=d)
+    return Tree(lo, side, *src, *tgt, finite, depth=depth, dim=d, shared=targets is None)
