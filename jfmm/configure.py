@@ -168,7 +168,7 @@ def _sampled(kernel, dim: int, order, family: str) -> bool:
 
 # Repeated eager calls: configurations and operators remembered (LRU).
 CACHE_ENTRIES = 32
-CACHE_OPERATOR_BYTES = 2 ** 30      # larger operators are built inside each call
+CACHE_OPERATOR_BYTES = 2 ** 29      # operators held at most; larger ones are built per call
 _RESOLVED: collections.OrderedDict = collections.OrderedDict()
 _OPERATORS: collections.OrderedDict = collections.OrderedDict()
 
@@ -183,7 +183,7 @@ def _remember(cache: collections.OrderedDict, key, make):
     return value
 
 
-def _kernel_key(kernel):
+def kernel_key(kernel):
     """A hashable key of a kernel's structure and concrete parameter values,
     or None (traced parameters, unhashable structure)."""
     leaves, treedef = jax.tree_util.tree_flatten(kernel)
@@ -204,9 +204,9 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Co
     the points (a model's sample, a Gaussian's extent) their root box and
     sample pairs, so a hit returns what `resolve` would. Traced inputs
     resolve anew."""
-    kernel_key = _kernel_key(kernel)
+    kernel_values = kernel_key(kernel)
     pts = [sources] + ([] if targets is None else [targets])
-    if kernel_key is None or not all(concrete(x) for x in pts):
+    if kernel_values is None or not all(concrete(x) for x in pts):
         return resolve(sources, targets, kernel, eps, leaf_size, order, family)
     sample, (n_src, dim) = None, sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
@@ -216,7 +216,7 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Co
         sample = _pair_sample(sources, targets)
     where = None if sample is None else (sample.lo.tobytes(), sample.side, sample.x.tobytes(),
                                          sample.y.tobytes())
-    key = (kernel_key, sources.shape, None if targets is None else targets.shape,
+    key = (kernel_values, sources.shape, None if targets is None else targets.shape,
            jnp.dtype(sources.dtype).name, eps, leaf_size, order, family, where)
     return _remember(_RESOLVED, key, lambda: resolve(sources, targets, kernel, eps, leaf_size,
                                                      order, family, sample))
@@ -226,16 +226,23 @@ def eager_operators(config: Config, dim: int, dtype):
     """(operators, True) for `config`, built once and remembered; (None,
     False) inside a jit trace (where they would become constants of the
     caller's program) or where they exceed CACHE_OPERATOR_BYTES: the call
-    then builds them inside its own jit."""
+    then builds them inside its own jit. The remembered operators stay
+    within CACHE_OPERATOR_BYTES together (least recently used go first)."""
     if not concrete(jnp.zeros(())):
         return None, False
-
-    def make():
-        with jax.ensure_compile_time_eval():
-            ops = config.operators(dim, dtype)
-        size = sum(np.size(v) * np.dtype(v.dtype).itemsize for v in jax.tree_util.tree_leaves(ops))
-        return (ops, True) if size <= CACHE_OPERATOR_BYTES else (None, False)
-    return _remember(_OPERATORS, (config, dim, jnp.dtype(dtype).name), make)
+    key = (config, dim, jnp.dtype(dtype).name)
+    if key in _OPERATORS:
+        _OPERATORS.move_to_end(key)
+        return _OPERATORS[key][0], True
+    with jax.ensure_compile_time_eval():
+        ops = config.operators(dim, dtype)
+    size = sum(np.size(v) * np.dtype(v.dtype).itemsize for v in jax.tree_util.tree_leaves(ops))
+    if size > CACHE_OPERATOR_BYTES:
+        return None, False
+    _OPERATORS[key] = (ops, size)
+    while sum(v[1] for v in _OPERATORS.values()) > CACHE_OPERATOR_BYTES:
+        _OPERATORS.popitem(last=False)
+    return ops, True
 
 
 # Source-target pairs below which the direct sum (all pairs of a one-box

@@ -130,3 +130,26 @@ def test_direct_sum_below_the_crossover(rng):
         assert traced(jnp.asarray(x), kernel).name == "near"
     big = jnp.zeros((2 ** 15, 3))
     assert resolve(big, K.Laplace3D()).name == "laplace3d"
+
+
+def test_eager_calls_on_the_same_arrays_reuse_one_plan(rng):
+    """Eager calls on the same jax arrays apply the Plan made by the first
+    (tree included); a new array of equal values makes its own. Both within
+    eps of a float64 numpy sum."""
+    from conftest import radial_reference
+
+    import jfmm
+    from jfmm import api
+
+    kernel, eps = K.Gaussian(4.0), 1e-6
+    x = jnp.asarray(points("sphere", 1500, rng))
+    for pts in (x, x, jnp.array(x)):
+        q = rng.random(1500) - 0.5
+        phi, grad = jfmm.fmm(pts, jnp.asarray(q), kernel=kernel, eps=eps, gradient=True)
+        ref, gref = radial_reference(kernel, np.asarray(pts), q)
+        assert np.linalg.norm(phi - ref) / np.linalg.norm(ref) < eps
+        assert np.linalg.norm(grad - gref) / np.linalg.norm(gref) < 10 * eps
+    first = api._eager_plan(x, None, kernel, eps, None, None, None)
+    assert first is api._eager_plan(x, None, kernel, eps, None, None, None)
+    assert first is not api._eager_plan(jnp.array(x), None, kernel, eps, None, None, None)
+    assert first is not api._eager_plan(x, None, K.Gaussian(5.0), eps, None, None, None)
