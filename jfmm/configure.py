@@ -254,7 +254,9 @@ DIRECT_PAIRS = {
             ("chebyshev", 3, "float32"): 2 ** 27, ("chebyshev", 3, "float64"): 2 ** 28,
             ("laplace2d", 2, "float64"): 2 ** 22},
     "gpu": {("laplace3d", 3, "float32"): 2 ** 31.5, ("laplace3d", 3, "float64"): 2 ** 31,
-            ("chebyshev", 3, "float32"): 2 ** 33.5, ("chebyshev", 3, "float64"): 2 ** 33},
+            ("chebyshev", 3, "float32"): 2 ** 33, ("chebyshev", 3, "float64"): 2 ** 33,
+            ("laplace2d", 2, "float32"): 2 ** 30, ("laplace2d", 2, "float64"): 2 ** 28.5,
+            ("chebyshev", 2, "float32"): 2 ** 32, ("chebyshev", 2, "float64"): 2 ** 30.5},
 }
 
 
