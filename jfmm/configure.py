@@ -128,7 +128,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         raise ValueError(f"family 'hermite' (the fast Gauss transform) sums the Gaussian "
                          f"kernel only, got {type(kernel).__name__}")
     fam, model = _tree_family(kernel, dim, family)
-    if _direct(kernel, dim, dtype, n_src, n_tgt, order, leaf_size, family):
+    if _direct(kernel, dim, dtype, n_src, n_tgt, eps, order, leaf_size, family):
         check_floor(eps, dtype, _FLOORS[fam.NAME], f"the {fam.NAME} family")
         return Config(None, 1, 0, eps)
     # The points' root box and sample pairs, drawn once (a host round trip)
@@ -210,7 +210,8 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Co
         return resolve(sources, targets, kernel, eps, leaf_size, order, family)
     sample, (n_src, dim) = None, sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
-    direct = _direct(kernel, dim, sources.dtype, n_src, n_tgt, order, leaf_size, family)
+    eps_ = DEFAULT_EPS[jnp.dtype(sources.dtype).name] if eps is None else eps
+    direct = _direct(kernel, dim, sources.dtype, n_src, n_tgt, eps_, order, leaf_size, family)
     if not direct and (_sampled(kernel, dim, order, _check_family(family))
                        or isinstance(kernel, _kernels.Gaussian)):
         sample = _pair_sample(sources, targets)
@@ -246,18 +247,42 @@ def eager_operators(config: Config, dim: int, dtype):
 
 
 # Source-target pairs below which the direct sum (all pairs of a one-box
-# tree) beats the FMM, per backend and (family, dim, dtype): the crossover
-# of repeated eager calls measured by benchmarks/bench_crossover.py
-# (docs/BENCHMARKS.md). Combinations not measured keep the FMM.
+# tree) beats the FMM, per backend and (family, dim, dtype), and the eps
+# they were measured at: the crossover of repeated eager calls measured by
+# benchmarks/bench_crossover.py (docs/BENCHMARKS.md). Combinations not
+# measured keep the FMM. At another eps the pairs scale with the cube of
+# the order (the FMM's time per point grows about like p^1.5 near the
+# crossover: 3D Laplace float64 on the H100 crossed at ~48k points at
+# p = 14 and ~200k at p = 36).
 DIRECT_PAIRS = {
-    "cpu": {("laplace3d", 3, "float32"): 2 ** 26, ("laplace3d", 3, "float64"): 2 ** 27,
-            ("chebyshev", 3, "float32"): 2 ** 27, ("chebyshev", 3, "float64"): 2 ** 28,
-            ("laplace2d", 2, "float64"): 2 ** 22},
-    "gpu": {("laplace3d", 3, "float32"): 2 ** 31.5, ("laplace3d", 3, "float64"): 2 ** 31,
-            ("chebyshev", 3, "float32"): 2 ** 33, ("chebyshev", 3, "float64"): 2 ** 33,
-            ("laplace2d", 2, "float32"): 2 ** 30, ("laplace2d", 2, "float64"): 2 ** 28.5,
-            ("chebyshev", 2, "float32"): 2 ** 32, ("chebyshev", 2, "float64"): 2 ** 30.5},
+    "cpu": {("laplace3d", 3, "float32"): (2 ** 26, 1e-5),
+            ("laplace3d", 3, "float64"): (2 ** 27, 1e-6),
+            ("chebyshev", 3, "float32"): (2 ** 27, 1e-4),
+            ("chebyshev", 3, "float64"): (2 ** 28, 1e-6),
+            ("laplace2d", 2, "float64"): (2 ** 22, 1e-6)},
+    "gpu": {("laplace3d", 3, "float32"): (2 ** 31.5, 1e-5),
+            ("laplace3d", 3, "float64"): (2 ** 31, 1e-6),
+            ("chebyshev", 3, "float32"): (2 ** 33, 1e-4),
+            ("chebyshev", 3, "float64"): (2 ** 33, 1e-6),
+            ("laplace2d", 2, "float32"): (2 ** 30, 1e-5),
+            ("laplace2d", 2, "float64"): (2 ** 28.5, 1e-6),
+            ("chebyshev", 2, "float32"): (2 ** 32, 1e-4),
+            ("chebyshev", 2, "float64"): (2 ** 30.5, 1e-6)},
 }
+
+
+def _order_proxy(name: str, dim: int, eps: float, dtype) -> int:
+    """An order for eps known without the points: the series families'
+    own, Chebyshev's worst-case rule's (its largest order below its floor)."""
+    if name == "laplace3d":
+        return laplace3d_model.order_for_eps(eps, dtype)
+    if name == "laplace2d":
+        return laplace2d_model.order_for_eps(eps, dtype)
+    rule = chebyshev_model.rule(dim)
+    try:
+        return rule.order(eps, dtype)
+    except ValueError:
+        return rule.ORDERS[-1]
 
 
 # The direct sum keeps the eps floors of the family it stands in for, so
@@ -266,15 +291,25 @@ _FLOORS = {"laplace3d": laplace3d_model.EPS_FLOOR, "laplace2d": laplace2d_model.
            "chebyshev": chebyshev_model.ROUNDING_FLOOR}
 
 
-def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, order, leaf_size, family) -> bool:
+def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float, order, leaf_size,
+            family) -> bool:
     """Whether "auto" (no order or leaf size given) sums directly: fewer
     source-target pairs than DIRECT_PAIRS for this backend, the kernel's
-    tree family, dim and dtype."""
+    tree family, dim and dtype, scaled to eps."""
     if family not in (None, "auto") or order is not None or leaf_size is not None:
         return False
     name = _tree_family(kernel, dim, "auto")[0].NAME
     table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
-    return n_src * n_tgt < table.get((name, dim, jnp.dtype(dtype).name), 0)
+    entry = table.get((name, dim, jnp.dtype(dtype).name))
+    if entry is None:
+        return False
+    pairs, measured_eps = entry
+    try:
+        scale = (_order_proxy(name, dim, eps, dtype)
+                 / _order_proxy(name, dim, measured_eps, dtype)) ** 3
+    except ValueError:                  # eps below the family's floor: it raises
+        return False
+    return n_src * n_tgt < pairs * scale
 
 
 @functools.lru_cache(maxsize=64)
