@@ -18,6 +18,9 @@ which are missing) and saved as a PNG in --docs:
                      peers_float32.json, peers_float64.json)
   rbf_fit.png        RBF fit time and error against N (bench_rbf_fit,
                      bench_rbf_peers: rbf_fit_gpu.json, rbf_peers_cpu.json)
+  crossover.png      eager fmm over direct against N, per case, on the GPU
+                     and the CPU (bench_crossover: crossover_gpu.json,
+                     crossover_gpu2.json, crossover_cpu.json)
 """
 import argparse
 import json
@@ -334,7 +337,42 @@ def rbf_fit(data, docs):
     return True
 
 
-FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit)
+def crossover(data, docs):
+    files = load_all(data, ["crossover_gpu.json", "crossover_gpu2.json", "crossover_cpu.json"])
+    if not files:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True, sharey=True)
+    for ax, names, where_ in ((axes[0], ("crossover_gpu.json", "crossover_gpu2.json"), "GPU"),
+                              (axes[1], ("crossover_cpu.json",), "CPU")):
+        cases, envs = {}, []
+        for name in names:
+            if name in files:
+                envs.append(files[name][0])
+                for r in files[name][1]:
+                    key = f"{r['dim']}D {_kernel_name(r['kernel'])} {r['dtype']} eps {r['eps']:g}"
+                    cases.setdefault(key, {})[r["n"]] = r       # a later run replaces
+        for i, (key, rows) in enumerate(sorted(cases.items())):
+            rows = [rows[n] for n in sorted(rows)]
+            n = [r["n"] for r in rows]
+            ax.plot(n, [r["ratio"] for r in rows], "o-", color=f"C{i}", ms=4, label=key)
+            auto = [(r["n"], r["auto_ms"] / r["direct_ms"]) for r in rows if r.get("auto_ms")]
+            if auto:
+                ax.plot(*zip(*auto), "x:", color=f"C{i}", ms=5)
+        ax.axhline(1.0, color="gray", lw=1)
+        ax.set(xscale="log", yscale="log", xlabel="N (sources = targets)",
+               title=f"{where_}: {where(envs)}")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0].set_ylabel("time / direct sum time (o: FMM, x: default call)")
+    plain_y(axes[0])
+    fig.suptitle("Repeated eager calls, potential, uniform points: where the FMM overtakes "
+                 "the direct sum", fontsize=10)
+    save(fig, docs, "crossover.png")
+    return True
+
+
+FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, crossover)
 
 
 def main():
