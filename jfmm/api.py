@@ -9,65 +9,12 @@ import jax
 import jax.numpy as jnp
 
 from jfmm import configure as _configure
+from jfmm import inputs as _inputs
 from jfmm import kernels as _kernels
 from jfmm import primitive as _primitive
 from jfmm import tree as _tree
 from jfmm.configure import Config
 from jfmm.ops import backend
-
-
-# ------------------------------------------------------------------ checks
-
-def _check_points(name: str, x, dims):
-    x = jnp.asarray(x)
-    if x.ndim != 2 or x.shape[1] not in dims:
-        want = " or ".join(f"(n, {d})" for d in dims)
-        raise ValueError(f"{name} must have shape {want}, got {x.shape}")
-    if x.shape[0] == 0:
-        raise ValueError(f"{name} is empty; pass at least one point")
-    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
-        raise TypeError(f"{name} must be real numbers, got dtype {x.dtype}")
-    if _configure.concrete(x):
-        # Eager even inside a jit trace, where x may be a captured constant.
-        with jax.ensure_compile_time_eval():
-            finite = bool(jnp.all(jnp.isfinite(x)))
-        if not finite:
-            raise ValueError(f"{name} contains NaN or inf coordinates")
-    return x
-
-
-def _prepare(sources, charges, targets, kernel):
-    """Validate and cast. Returns (sources, charges (N, K), targets | None, squeeze)."""
-    if not isinstance(kernel, _kernels.Kernel):
-        raise TypeError(f"kernel must be a jfmm.kernels.Kernel, got {type(kernel).__name__}")
-    sources = _check_points("sources", sources, kernel.dims)
-    if targets is not None:
-        targets = _check_points("targets", targets, kernel.dims)
-        if targets.shape[1] != sources.shape[1]:
-            raise ValueError(f"sources are {sources.shape[1]}D but targets are "
-                             f"{targets.shape[1]}D")
-    charges = jnp.asarray(charges)
-    if charges.ndim not in (1, 2) or charges.shape[0] != sources.shape[0]:
-        raise ValueError(f"charges must have shape ({sources.shape[0]},) or "
-                         f"({sources.shape[0]}, k) to match sources, got {charges.shape}")
-    args = [sources, charges] + ([] if targets is None else [targets])
-    dtype = jnp.result_type(*args, 0.0)
-    if not jnp.issubdtype(dtype, jnp.floating) or dtype.itemsize < 4:
-        dtype = jnp.result_type(jnp.float32, 0.0)
-    squeeze = charges.ndim == 1
-    charges = charges.astype(dtype)
-    if squeeze:
-        charges = charges[:, None]
-    sources = sources.astype(dtype)
-    targets = None if targets is None else targets.astype(dtype)
-    return sources, charges, targets, squeeze
-
-
-def _finish(phi, grad, squeeze: bool, gradient: bool):
-    if squeeze:
-        phi = phi[:, 0]
-        grad = None if grad is None else grad[:, 0]
-    return (phi, grad) if gradient else phi
 
 
 # ------------------------------------------------------------------ direct
@@ -85,9 +32,9 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
     also grad (M, d) or (M, k, d), the gradient with respect to the target.
     Memory O((N + M) tile); O(N M) work.
     """
-    sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
+    sources, charges, targets, squeeze = _inputs.prepare(sources, charges, targets, kernel)
     phi, grad = _direct(sources, charges, targets, kernel, gradient, backend.current())
-    return _finish(phi, grad, squeeze, gradient)
+    return _inputs.finish(phi, grad, squeeze, gradient)
 
 
 # ------------------------------------------------------------------ fmm
@@ -162,18 +109,18 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     `Plan.apply` inside.
     """
     _configure.check_eps(eps)
-    sources, charges, targets, squeeze = _prepare(sources, charges, targets, kernel)
+    sources, charges, targets, squeeze = _inputs.prepare(sources, charges, targets, kernel)
     remembered = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family)
     if remembered is not None and remembered.tree.src_sorted.dtype == charges.dtype:
         phi, grad = _call(_apply_jits, remembered, charges, gradient=gradient,
                           mode=backend.current())
-        return _finish(phi, grad, squeeze, gradient)
+        return _inputs.finish(phi, grad, squeeze, gradient)
     # Concrete points and kernel: the choices and operators of earlier calls.
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
     ops, built = _configure.eager_operators(config, sources.shape[1], sources.dtype)
     phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, ops, config=config,
                       gradient=gradient, mode=backend.current(), built=built)
-    return _finish(phi, grad, squeeze, gradient)
+    return _inputs.finish(phi, grad, squeeze, gradient)
 
 
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls
@@ -239,7 +186,7 @@ class Plan:
         if squeeze:
             charges = charges[:, None]
         phi, grad = _call(_apply_jits, self, charges, gradient=gradient, mode=backend.current())
-        return _finish(phi, grad, squeeze, gradient)
+        return _inputs.finish(phi, grad, squeeze, gradient)
 
     def update(self, sources, targets=None):
         """Rebuild the tree for new points of the same shapes (jit-able).
@@ -250,7 +197,7 @@ class Plan:
         accuracy for new points of about the same extent, not for points
         spread much wider."""
         def checked(name, x, like):
-            x = _check_points(name, x, self.kernel.dims)
+            x = _inputs.check_points(name, x, self.kernel.dims)
             if x.shape != like.shape:
                 raise ValueError(f"update needs {name} of shape {like.shape}, got {x.shape}")
             return x.astype(like.dtype)
@@ -276,7 +223,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     # float64 points, even with jax_enable_x64, where jnp.zeros would be
     # float64 and promote float32 points).
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)
-    sources, _, targets, _ = _prepare(sources, dummy, targets, kernel)
+    sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
     ops, built = _configure.eager_operators(config, sources.shape[1], sources.dtype)
     tree = _build_jit(sources, targets, config.depth)

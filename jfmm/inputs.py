@@ -1,0 +1,63 @@
+"""Input checks and casts of the public calls: shapes, dtypes, finite
+coordinates, and the shapes of the results."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jfmm import kernels
+from jfmm.configure import concrete
+
+
+def check_points(name: str, x, dims):
+    """x as an (n, d) array with d in dims; raises for other shapes, for
+    dtypes that are not real numbers and for non-finite concrete values."""
+    x = jnp.asarray(x)
+    if x.ndim != 2 or x.shape[1] not in dims:
+        want = " or ".join(f"(n, {d})" for d in dims)
+        raise ValueError(f"{name} must have shape {want}, got {x.shape}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} is empty; pass at least one point")
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+        raise TypeError(f"{name} must be real numbers, got dtype {x.dtype}")
+    if concrete(x):
+        # Eager even inside a jit trace, where x may be a captured constant.
+        with jax.ensure_compile_time_eval():
+            finite = bool(jnp.all(jnp.isfinite(x)))
+        if not finite:
+            raise ValueError(f"{name} contains NaN or inf coordinates")
+    return x
+
+
+def prepare(sources, charges, targets, kernel):
+    """Validate and cast. Returns (sources, charges (N, K), targets | None, squeeze)."""
+    if not isinstance(kernel, kernels.Kernel):
+        raise TypeError(f"kernel must be a jfmm.kernels.Kernel, got {type(kernel).__name__}")
+    sources = check_points("sources", sources, kernel.dims)
+    if targets is not None:
+        targets = check_points("targets", targets, kernel.dims)
+        if targets.shape[1] != sources.shape[1]:
+            raise ValueError(f"sources are {sources.shape[1]}D but targets are "
+                             f"{targets.shape[1]}D")
+    charges = jnp.asarray(charges)
+    if charges.ndim not in (1, 2) or charges.shape[0] != sources.shape[0]:
+        raise ValueError(f"charges must have shape ({sources.shape[0]},) or "
+                         f"({sources.shape[0]}, k) to match sources, got {charges.shape}")
+    args = [sources, charges] + ([] if targets is None else [targets])
+    dtype = jnp.result_type(*args, 0.0)
+    if not jnp.issubdtype(dtype, jnp.floating) or dtype.itemsize < 4:
+        dtype = jnp.result_type(jnp.float32, 0.0)
+    squeeze = charges.ndim == 1
+    charges = charges.astype(dtype)
+    if squeeze:
+        charges = charges[:, None]
+    sources = sources.astype(dtype)
+    targets = None if targets is None else targets.astype(dtype)
+    return sources, charges, targets, squeeze
+
+
+def finish(phi, grad, squeeze: bool, gradient: bool):
+    if squeeze:
+        phi = phi[:, 0]
+        grad = None if grad is None else grad[:, 0]
+    return (phi, grad) if gradient else phi
