@@ -171,6 +171,7 @@ CACHE_ENTRIES = 32
 CACHE_OPERATOR_BYTES = 2 ** 29      # operators held at most; larger ones are built per call
 _RESOLVED: collections.OrderedDict = collections.OrderedDict()
 _OPERATORS: collections.OrderedDict = collections.OrderedDict()
+_TOO_LARGE: set = set()             # configurations whose operators exceed the budget
 
 
 def _remember(cache: collections.OrderedDict, key, make):
@@ -232,14 +233,19 @@ def eager_operators(config: Config, dim: int, dtype):
     if not concrete(jnp.zeros(())):
         return None, False
     key = (config, dim, jnp.dtype(dtype).name)
+    if key in _TOO_LARGE:
+        return None, False
     if key in _OPERATORS:
         _OPERATORS.move_to_end(key)
         return _OPERATORS[key][0], True
-    with jax.ensure_compile_time_eval():
-        ops = config.operators(dim, dtype)
-    size = sum(np.size(v) * np.dtype(v.dtype).itemsize for v in jax.tree_util.tree_leaves(ops))
+    build = jax.jit(lambda: config.operators(dim, dtype))       # compiled, not op by op
+    size = sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+               for v in jax.tree_util.tree_leaves(jax.eval_shape(build)))
     if size > CACHE_OPERATOR_BYTES:
+        _TOO_LARGE.add(key)
         return None, False
+    with jax.ensure_compile_time_eval():
+        ops = build()
     _OPERATORS[key] = (ops, size)
     while sum(v[1] for v in _OPERATORS.values()) > CACHE_OPERATOR_BYTES:
         _OPERATORS.popitem(last=False)
