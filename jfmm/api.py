@@ -109,8 +109,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     `Plan.apply` inside.
     """
     _configure.check_eps(eps)
+    given = (sources, targets)
     sources, charges, targets, squeeze = _inputs.prepare(sources, charges, targets, kernel)
-    remembered = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family)
+    remembered = None                   # jax arrays of the working dtype: maybe seen before
+    if sources is given[0] and targets is given[1]:
+        remembered = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family)
     if remembered is not None and remembered.tree.src_sorted.dtype == charges.dtype:
         phi, grad = _call(_apply_jits, remembered, charges, gradient=gradient,
                           mode=backend.current())
@@ -129,7 +132,8 @@ _PLANS = []      # (sources, targets weak references, options, Plan) of recent e
 def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
-    options, made on the first; None where anything is traced."""
+    options, made on the first; None where anything is traced or the
+    operators are too large to hold."""
     values = _configure.kernel_key(kernel)
     pts = (sources,) if targets is None else (sources, targets)
     if (values is None or not _configure.concrete(jnp.zeros(()))
@@ -139,6 +143,9 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family):
     for refs, opts, pl in _PLANS:
         if opts == options and all(r() is x for r, x in zip(refs, pts)):
             return pl
+    config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
+    if not _configure.eager_operators(config, sources.shape[1], sources.dtype)[1]:
+        return None                     # operators too large to hold: built in each call
     pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order, family=family)
     _PLANS.insert(0, (tuple(map(weakref.ref, pts)), options, pl))
     del _PLANS[4:]
