@@ -132,23 +132,28 @@ _PLANS = []      # (sources, targets weak references, options, Plan) of recent e
 def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
-    options, made on the first; None where anything is traced or the
-    operators are too large to hold."""
+    options, made on the second; None on the first, where anything is
+    traced, or where the operators are too large to hold."""
     values = _configure.kernel_key(kernel)
     pts = (sources,) if targets is None else (sources, targets)
     if (values is None or not _configure.concrete(jnp.zeros(()))
             or not all(isinstance(x, jax.Array) and _configure.concrete(x) for x in pts)):
         return None
     options = (values, eps, leaf_size, order, family, targets is None)
-    for refs, opts, pl in _PLANS:
+    for i, (refs, opts, pl) in enumerate(_PLANS):
         if opts == options and all(r() is x for r, x in zip(refs, pts)):
-            return pl
-    config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
-    if not _configure.eager_operators(config, sources.shape[1], sources.dtype)[1]:
-        return None                     # operators too large to hold: built in each call
-    pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order, family=family)
-    _PLANS.insert(0, (tuple(map(weakref.ref, pts)), options, pl))
-    del _PLANS[4:]
+            break
+    else:                               # first sight: remembered, no plan yet
+        _PLANS.insert(0, (tuple(map(weakref.ref, pts)), options, None))
+        del _PLANS[4:]
+        return None
+    if pl is None:
+        config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order,
+                                          family)
+        if not _configure.eager_operators(config, sources.shape[1], sources.dtype)[1]:
+            return None                 # operators too large to hold: built in each call
+        pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order, family=family)
+        _PLANS[i] = (refs, opts, pl)
     return pl
 
 

@@ -172,6 +172,7 @@ CACHE_OPERATOR_BYTES = 2 ** 29      # operators held at most; larger ones are bu
 _RESOLVED: collections.OrderedDict = collections.OrderedDict()
 _OPERATORS: collections.OrderedDict = collections.OrderedDict()
 _TOO_LARGE: set = set()             # configurations whose operators exceed the budget
+_SEEN: set = set()                  # configurations asked for once
 
 
 def _remember(cache: collections.OrderedDict, key, make):
@@ -225,8 +226,9 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Co
 
 
 def eager_operators(config: Config, dim: int, dtype):
-    """(operators, True) for `config`, built once and remembered; (None,
-    False) inside a jit trace (where they would become constants of the
+    """(operators, True) for `config` from its second call on, built once
+    and remembered; (None, False) on the first (a separate compilation
+    would cost a one-off call more than it saves), inside a jit trace (where they would become constants of the
     caller's program) or where they exceed CACHE_OPERATOR_BYTES: the call
     then builds them inside its own jit. The remembered operators stay
     within CACHE_OPERATOR_BYTES together (least recently used go first)."""
@@ -234,6 +236,9 @@ def eager_operators(config: Config, dim: int, dtype):
         return None, False
     key = (config, dim, jnp.dtype(dtype).name)
     if key in _TOO_LARGE:
+        return None, False
+    if key not in _SEEN:                # a configuration used once builds in its call
+        _SEEN.add(key)
         return None, False
     if key in _OPERATORS:
         _OPERATORS.move_to_end(key)
