@@ -109,15 +109,18 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     `Plan.apply` inside.
     """
     _configure.check_eps(eps)
+    # The same jax arrays as a checked earlier call: its plan, without checks.
+    known = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=False)
+    charges = jnp.asarray(charges)
+    if known is not None and _inputs.working_dtype(known.tree.src_sorted, charges) == \
+            known.tree.src_sorted.dtype:
+        return known.apply(charges, gradient)
     given = (sources, targets)
     sources, charges, targets, squeeze = _inputs.prepare(sources, charges, targets, kernel)
-    remembered = None                   # jax arrays of the working dtype: maybe seen before
-    if sources is given[0] and targets is given[1]:
+    if sources is given[0] and targets is given[1]:     # jax arrays of the working dtype
         remembered = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family)
-    if remembered is not None and remembered.tree.src_sorted.dtype == charges.dtype:
-        phi, grad = _call(_apply_jits, remembered, charges, gradient=gradient,
-                          mode=backend.current())
-        return _inputs.finish(phi, grad, squeeze, gradient)
+        if remembered is not None and remembered.tree.src_sorted.dtype == charges.dtype:
+            return remembered.apply(charges[:, 0] if squeeze else charges, gradient)
     # Concrete points and kernel: the choices and operators of earlier calls.
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
     ops, built = _configure.eager_operators(config, sources.shape[1], sources.dtype)
@@ -129,11 +132,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls
 
 
-def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family):
+def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=True):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
-    options, made on the second; None on the first, where anything is
-    traced, or where the operators are too large to hold."""
+    options, made on the second (make=False: only one made before); None on
+    the first, where anything is traced, or where the operators are too
+    large to hold."""
     values = _configure.kernel_key(kernel)
     pts = (sources,) if targets is None else (sources, targets)
     if (values is None or not _configure.concrete(jnp.zeros(()))
@@ -144,10 +148,12 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family):
         if opts == options and all(r() is x for r, x in zip(refs, pts)):
             break
     else:                               # first sight: remembered, no plan yet
+        if not make:
+            return None
         _PLANS.insert(0, (tuple(map(weakref.ref, pts)), options, None))
         del _PLANS[4:]
         return None
-    if pl is None:
+    if pl is None and make:
         config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order,
                                           family)
         if not _configure.eager_operators(config, sources.shape[1], sources.dtype)[1]:

@@ -29,6 +29,16 @@ def check_points(name: str, x, dims):
     return x
 
 
+def working_dtype(*arrays):
+    """The dtype the sums run in: the arrays' result type with Python
+    floats, float32 at least (integers and half precision take float32, or
+    float64 under jax_enable_x64)."""
+    dtype = jnp.result_type(*arrays, 0.0)
+    if not jnp.issubdtype(dtype, jnp.floating) or dtype.itemsize < 4:
+        dtype = jnp.result_type(jnp.float32, 0.0)
+    return dtype
+
+
 def prepare(sources, charges, targets, kernel):
     """Validate and cast. Returns (sources, charges (N, K), targets | None, squeeze)."""
     if not isinstance(kernel, kernels.Kernel):
@@ -43,10 +53,7 @@ def prepare(sources, charges, targets, kernel):
     if charges.ndim not in (1, 2) or charges.shape[0] != sources.shape[0]:
         raise ValueError(f"charges must have shape ({sources.shape[0]},) or "
                          f"({sources.shape[0]}, k) to match sources, got {charges.shape}")
-    args = [sources, charges] + ([] if targets is None else [targets])
-    dtype = jnp.result_type(*args, 0.0)
-    if not jnp.issubdtype(dtype, jnp.floating) or dtype.itemsize < 4:
-        dtype = jnp.result_type(jnp.float32, 0.0)
+    dtype = working_dtype(sources, charges, *([] if targets is None else [targets]))
     squeeze = charges.ndim == 1
     charges = charges.astype(dtype)
     if squeeze:

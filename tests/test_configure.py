@@ -133,7 +133,7 @@ def test_direct_sum_below_the_crossover(rng):
 
 
 def test_eager_calls_on_the_same_arrays_reuse_one_plan(rng):
-    """Eager calls on the same jax arrays apply the Plan made by the first
+    """Eager calls on the same jax arrays apply the Plan made by the second
     (tree included); a new array of equal values makes its own. Both within
     eps of a float64 numpy sum."""
     from conftest import radial_reference
@@ -143,9 +143,10 @@ def test_eager_calls_on_the_same_arrays_reuse_one_plan(rng):
 
     kernel, eps = K.Gaussian(4.0), 1e-6
     x = jnp.asarray(points("sphere", 1500, rng))
-    for pts in (x, x, jnp.array(x)):
+    for pts in (x, x, x, jnp.array(x)):     # first sight, plan made, plan found, new array
         q = rng.random(1500) - 0.5
         phi, grad = jfmm.fmm(pts, jnp.asarray(q), kernel=kernel, eps=eps, gradient=True)
+        assert phi.shape == (1500,) and grad.shape == (1500, 3)
         ref, gref = radial_reference(kernel, np.asarray(pts), q)
         assert np.linalg.norm(phi - ref) / np.linalg.norm(ref) < eps
         assert np.linalg.norm(grad - gref) / np.linalg.norm(gref) < 10 * eps
