@@ -39,12 +39,11 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 
 # ------------------------------------------------------------------ fmm
 
-def _fmm_eval(sources, charges, targets, kernel, ops, config, gradient, mode, built):
-    """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or
-    None. ops: the operators where `built`, else built here."""
+def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
+    """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None."""
     tree = _tree.build(sources, targets, config.depth)
-    ops = ops if built else config.operators(tree.dim, sources.dtype)
-    return _bind(tree, ops, kernel, charges, config, gradient, mode)
+    return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config,
+                 gradient, mode)
 
 
 def _bind(tree, ops, kernel, charges, config, gradient, mode):
@@ -64,7 +63,7 @@ def _call(jits, *args, mode: str, **static):
     return last(*args, mode=mode, **static)
 
 
-_fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode", "built"))
+_fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode"))
 
 
 def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
@@ -80,8 +79,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     jit-able with eps, gradient, leaf_size and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes
     can overflow anything. Non-finite coordinates raise eagerly and give NaN
-    results under jit. Eager calls remember their choices and operators
-    (`configure.resolve_eager`): a repeated call costs about a `Plan.apply`.
+    results under jit. Eager calls remember their choices
+    (`configure.resolve_eager`), and calls on the same jax arrays the plan
+    of the second: a repeated call costs about a `Plan.apply`.
 
     Every JAX transformation works with respect to sources, charges and
     targets (jfmm.primitive): jax.grad of the potential costs two FMM calls
@@ -121,11 +121,10 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         remembered = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family)
         if remembered is not None and remembered.tree.src_sorted.dtype == charges.dtype:
             return remembered.apply(charges[:, 0] if squeeze else charges, gradient)
-    # Concrete points and kernel: the choices and operators of earlier calls.
+    # Concrete points and kernel: the choices of earlier calls.
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
-    ops, built = _configure.eager_operators(config, sources.shape[1], sources.dtype)
-    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, ops, config=config,
-                      gradient=gradient, mode=backend.current(), built=built)
+    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, config=config,
+                      gradient=gradient, mode=backend.current())
     return _inputs.finish(phi, grad, squeeze, gradient)
 
 
@@ -136,8 +135,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=Tr
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
     options, made on the second (make=False: only one made before); None on
-    the first, where anything is traced, or where the operators are too
-    large to hold."""
+    the first or where anything is traced."""
     values = _configure.kernel_key(kernel)
     pts = (sources,) if targets is None else (sources, targets)
     if (values is None or not _configure.concrete(jnp.zeros(()))
@@ -154,10 +152,6 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=Tr
         del _PLANS[4:]
         return None
     if pl is None and make:
-        config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order,
-                                          family)
-        if not _configure.eager_operators(config, sources.shape[1], sources.dtype)[1]:
-            return None                 # operators too large to hold: built in each call
         pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order, family=family)
         _PLANS[i] = (refs, opts, pl)
     return pl
@@ -243,7 +237,5 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)
     sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
-    ops, built = _configure.eager_operators(config, sources.shape[1], sources.dtype)
     tree = _build_jit(sources, targets, config.depth)
-    return Plan(tree, kernel, ops if built else config.operators(sources.shape[1], sources.dtype),
-                config)
+    return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config)

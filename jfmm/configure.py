@@ -166,13 +166,9 @@ def _sampled(kernel, dim: int, order, family: str) -> bool:
                                       or order is None and (gaussian or chebyshev))
 
 
-# Repeated eager calls: configurations and operators remembered (LRU).
+# Repeated eager calls: configurations remembered (LRU).
 CACHE_ENTRIES = 32
-CACHE_OPERATOR_BYTES = 2 ** 29      # operators held at most; larger ones are built per call
 _RESOLVED: collections.OrderedDict = collections.OrderedDict()
-_OPERATORS: collections.OrderedDict = collections.OrderedDict()
-_TOO_LARGE: set = set()             # configurations whose operators exceed the budget
-_SEEN: set = set()                  # configurations asked for once
 
 
 def _remember(cache: collections.OrderedDict, key, make):
@@ -223,38 +219,6 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Co
            jnp.dtype(sources.dtype).name, eps, leaf_size, order, family, where)
     return _remember(_RESOLVED, key, lambda: resolve(sources, targets, kernel, eps, leaf_size,
                                                      order, family, sample))
-
-
-def eager_operators(config: Config, dim: int, dtype):
-    """(operators, True) for `config` from its second call on, built once
-    and remembered; (None, False) on the first (a separate compilation
-    would cost a one-off call more than it saves), inside a jit trace (where they would become constants of the
-    caller's program) or where they exceed CACHE_OPERATOR_BYTES: the call
-    then builds them inside its own jit. The remembered operators stay
-    within CACHE_OPERATOR_BYTES together (least recently used go first)."""
-    if not concrete(jnp.zeros(())):
-        return None, False
-    key = (config, dim, jnp.dtype(dtype).name)
-    if key in _TOO_LARGE:
-        return None, False
-    if key not in _SEEN:                # a configuration used once builds in its call
-        _SEEN.add(key)
-        return None, False
-    if key in _OPERATORS:
-        _OPERATORS.move_to_end(key)
-        return _OPERATORS[key][0], True
-    build = jax.jit(lambda: config.operators(dim, dtype))       # compiled, not op by op
-    size = sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
-               for v in jax.tree_util.tree_leaves(jax.eval_shape(build)))
-    if size > CACHE_OPERATOR_BYTES:
-        _TOO_LARGE.add(key)
-        return None, False
-    with jax.ensure_compile_time_eval():
-        ops = build()
-    _OPERATORS[key] = (ops, size)
-    while sum(v[1] for v in _OPERATORS.values()) > CACHE_OPERATOR_BYTES:
-        _OPERATORS.popitem(last=False)
-    return ops, True
 
 
 # Source-target pairs below which the direct sum (all pairs of a one-box

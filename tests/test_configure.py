@@ -82,9 +82,8 @@ def test_eps_below_the_floor_raises(kernel, dtype, rng):
         resolve(x, kernel, eps=1e-14)
 
 
-def test_repeated_eager_calls_reuse_choices_and_operators(rng, monkeypatch):
-    """A repeated eager call resolves once and builds its operators once;
-    moved or redistributed points of the same shapes resolve again, and
+def test_repeated_eager_calls_reuse_choices(rng, monkeypatch):
+    """A repeated eager call resolves once; moved or redistributed points of the same shapes resolve again, and
     every call is within eps of a float64 numpy sum."""
     from conftest import radial_reference
 
