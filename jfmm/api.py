@@ -32,6 +32,7 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
     also grad (M, d) or (M, k, d), the gradient with respect to the target.
     Memory O((N + M) tile); O(N M) work.
     """
+    kernel = _inputs.kernel_of(kernel)
     sources, charges, targets, squeeze = _inputs.prepare(sources, charges, targets, kernel)
     phi, grad = _direct(sources, charges, targets, kernel, gradient, backend.current())
     return _inputs.finish(phi, grad, squeeze, gradient)
@@ -70,7 +71,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         gradient=False, *, leaf_size=None, order=None, family=None):
     """Fast multipole sum phi(y_j) = sum_i q_i K(|y_j - x_i|).
 
-    Same arguments and shapes as `direct`, plus eps, the requested relative
+    Same arguments and shapes as `direct` (kernel: a `jfmm.kernels` kernel,
+    or the name of one without parameters), plus eps, the requested relative
     L2 error of phi over the targets (None: 1e-5 in float32, 1e-6 in
     float64; an eps the dtype cannot reach raises ValueError), leaf_size,
     the mean points per leaf the tree depth aims at, and order, which
@@ -109,6 +111,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     `Plan.apply` inside.
     """
     _configure.check_eps(eps)
+    kernel = _inputs.kernel_of(kernel)
     # The same jax arrays as a checked earlier call: its plan, without checks.
     known = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=False)
     charges = jnp.asarray(charges)
@@ -231,6 +234,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
          order=None, family=None):
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`."""
     _configure.check_eps(eps)
+    kernel = _inputs.kernel_of(kernel)
     # float32 charges: the plan's dtype is the points' (float64 only for
     # float64 points, even with jax_enable_x64, where jnp.zeros would be
     # float64 and promote float32 points).

@@ -2,11 +2,31 @@
 coordinates, and the shapes of the results."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from jfmm import kernels
 from jfmm.configure import concrete
+
+
+def kernel_of(kernel) -> kernels.Kernel:
+    """kernel, or the kernel of a parameter-free kernel's name ('laplace3d',
+    'thin_plate_spline', ...); names of kernels with parameters raise a
+    TypeError that shows the `jfmm.kernels.get` call to use."""
+    if isinstance(kernel, str):
+        k = kernels.get(kernel)                 # unknown names: ValueError listing them
+        params = [f.name for f in dataclasses.fields(k)]
+        if params:
+            raise TypeError(f"kernel {kernel!r} has parameters ({', '.join(params)}): pass "
+                            f"jfmm.kernels.get({kernel!r}, {params[0]}=...)")
+        return k
+    if not isinstance(kernel, kernels.Kernel):
+        raise TypeError(f"kernel must be a jfmm.kernels.Kernel or the name of one without "
+                        f"parameters, got {type(kernel).__name__}; jfmm.kernels.get(name, "
+                        f"**params) builds any of them")
+    return kernel
 
 
 def check_points(name: str, x, dims):
@@ -41,8 +61,7 @@ def working_dtype(*arrays):
 
 def prepare(sources, charges, targets, kernel):
     """Validate and cast. Returns (sources, charges (N, K), targets | None, squeeze)."""
-    if not isinstance(kernel, kernels.Kernel):
-        raise TypeError(f"kernel must be a jfmm.kernels.Kernel, got {type(kernel).__name__}")
+    kernel = kernel_of(kernel)
     sources = check_points("sources", sources, kernel.dims)
     if targets is not None:
         targets = check_points("targets", targets, kernel.dims)

@@ -46,7 +46,7 @@ def test_bad_input_raises_clearly(call, rng):
     with pytest.raises(ValueError, match="NaN or inf"):
         f(x, q, bad)
     with pytest.raises(TypeError, match="Kernel"):
-        f(x, q, kernel="laplace3d")
+        f(x, q, kernel=object())
     with pytest.raises(ValueError, match="empty"):
         f(x[:0], q[:0])
 
@@ -120,3 +120,23 @@ def test_top_level_gpu_calls_compile_with_their_options(monkeypatch):
     used.clear()
     call(x)
     assert used == ["plain"]
+
+
+def test_kernel_names(rng):
+    """Parameter-free kernels by name in fmm, plan and direct, against a
+    float64 numpy sum; a kernel with parameters named as a string says how
+    to build it; unknown names list the known ones."""
+    from conftest import radial_reference
+
+    x, q = points("cluster", 400, rng), charges(400, rng)
+    ref = radial_reference(kernels.Laplace3D(), x, q)[0]
+    assert rel(jfmm.fmm(x, q, kernel="laplace3d", eps=1e-6, leaf_size=16), ref) <= 1e-6
+    assert jfmm.plan(x, kernel="Laplace3D", eps=1e-3).kernel == kernels.Laplace3D()
+    ref = radial_reference(kernels.ThinPlateSpline(), x, q)[0]
+    assert rel(jfmm.direct(x, q, kernel="thin_plate_spline"), ref) <= 1e-12
+    with pytest.raises(TypeError, match=r"jfmm.kernels.get\('gaussian', epsilon="):
+        jfmm.fmm(x, q, kernel="gaussian")
+    with pytest.raises(ValueError, match="known"):
+        jfmm.direct(x, q, kernel="gausian")
+    with pytest.raises(TypeError, match="jfmm.kernels.get"):
+        jfmm.plan(x, kernel=3.0)
