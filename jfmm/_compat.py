@@ -12,4 +12,17 @@ ShapedArray = getattr(jax.core, "ShapedArray", None)
 if ShapedArray is None:
     from jax._src.core import ShapedArray
 
-__all__ = ["Literal", "Primitive", "ShapedArray", "Tracer", "ad", "batching", "mlir"]
+
+
+def known_value(x):
+    """x's value where it is known at trace time: tracers of eager autodiff
+    (jax.grad, jax.jvp outside jit) carry their primal value as `primal`;
+    x itself otherwise (under jit, vmap)."""
+    v = x
+    while isinstance(v, Tracer) and hasattr(v, "primal"):
+        v = v.primal
+    return x if isinstance(v, Tracer) else v
+
+
+__all__ = ["Literal", "Primitive", "ShapedArray", "Tracer", "ad", "batching", "known_value",
+           "mlir"]

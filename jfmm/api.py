@@ -27,15 +27,23 @@ def _direct(sources, charges, targets, kernel, gradient, mode):
 def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient=False):
     """Exact sum phi(y_j) = sum_i q_i K(|y_j - x_i|), tiled.
 
-    sources (N, d); charges (N,) or (N, k); targets (M, d) or None for the
-    sources themselves. Returns phi (M,) or (M, k), and with gradient=True
-    also grad (M, d) or (M, k, d), the gradient with respect to the target.
-    Memory O((N + M) tile); O(N M) work.
+    sources (N, d); charges (N,) or (N, k), real or complex; targets (M, d)
+    or None for the sources themselves. Returns phi (M,) or (M, k), and with
+    gradient=True also grad (M, d) or (M, k, d), the gradient with respect
+    to the target. Memory O((N + M) tile); O(N M) work.
+
+    dtype (the rule of `fmm`, `plan` and `direct` alike): the sums run in
+    the points' dtype (sources and targets promoted together; integer
+    points in jax's default float, float64 under jax_enable_x64; float16
+    and bfloat16 in float32), and charges are cast to it, so float32 points
+    give float32 results whatever the charges. Complex charges sum their
+    real and imaginary parts as separate columns and give a complex result
+    (gradients too).
     """
     kernel = _inputs.kernel_of(kernel)
-    sources, charges, targets, squeeze = _inputs.prepare(sources, charges, targets, kernel)
+    sources, charges, targets, layout = _inputs.prepare(sources, charges, targets, kernel)
     phi, grad = _direct(sources, charges, targets, kernel, gradient, backend.current())
-    return _inputs.finish(phi, grad, squeeze, gradient)
+    return _inputs.finish(phi, grad, layout, gradient)
 
 
 # ------------------------------------------------------------------ fmm
@@ -93,7 +101,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     mode through gradient=True outputs differentiate the approximation in
     forward mode (slower: jnp near field, one pass per derivative direction).
     Derivatives with respect to kernel parameters (e.g. Gaussian epsilon)
-    cost one forward-mode pass per parameter.
+    cost one forward-mode pass per parameter; outside jit the parameters'
+    values choose the order, inside it a rule for any value (`order=`
+    reaches below its floor).
 
     Families and orders (`jfmm.configure.resolve`): spherical harmonics for
     Laplace3D, complex series for Laplace2D, the fast Gauss transform or
@@ -114,21 +124,19 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     kernel = _inputs.kernel_of(kernel)
     # The same jax arrays as a checked earlier call: its plan, without checks.
     known = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=False)
-    charges = jnp.asarray(charges)
-    if known is not None and _inputs.working_dtype(known.tree.src_sorted, charges) == \
-            known.tree.src_sorted.dtype:
+    if known is not None:
         return known.apply(charges, gradient)
     given = (sources, targets)
-    sources, charges, targets, squeeze = _inputs.prepare(sources, charges, targets, kernel)
+    sources, q, targets, layout = _inputs.prepare(sources, charges, targets, kernel)
     if sources is given[0] and targets is given[1]:     # jax arrays of the working dtype
         remembered = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family)
-        if remembered is not None and remembered.tree.src_sorted.dtype == charges.dtype:
-            return remembered.apply(charges[:, 0] if squeeze else charges, gradient)
+        if remembered is not None:
+            return remembered.apply(charges, gradient)
     # Concrete points and kernel: the choices of earlier calls.
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
-    phi, grad = _call(_fmm_jits, sources, charges, targets, kernel, config=config,
+    phi, grad = _call(_fmm_jits, sources, q, targets, kernel, config=config,
                       gradient=gradient, mode=backend.current())
-    return _inputs.finish(phi, grad, squeeze, gradient)
+    return _inputs.finish(phi, grad, layout, gradient)
 
 
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls
@@ -192,16 +200,10 @@ class Plan:
 
     def apply(self, charges, gradient=False):
         """phi (and grad) for charges (N,) or (N, k); see `fmm`."""
-        charges = jnp.asarray(charges)
-        n = self.tree.src_perm.shape[0]
-        if charges.ndim not in (1, 2) or charges.shape[0] != n:
-            raise ValueError(f"charges must have shape ({n},) or ({n}, k), got {charges.shape}")
-        squeeze = charges.ndim == 1
-        charges = charges.astype(self.tree.src_sorted.dtype)
-        if squeeze:
-            charges = charges[:, None]
-        phi, grad = _call(_apply_jits, self, charges, gradient=gradient, mode=backend.current())
-        return _inputs.finish(phi, grad, squeeze, gradient)
+        q, layout = _inputs.charges_of(charges, self.tree.src_perm.shape[0],
+                                       self.tree.src_sorted.dtype)
+        phi, grad = _call(_apply_jits, self, q, gradient=gradient, mode=backend.current())
+        return _inputs.finish(phi, grad, layout, gradient)
 
     def update(self, sources, targets=None):
         """Rebuild the tree for new points of the same shapes (jit-able).
@@ -235,10 +237,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`."""
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
-    # float32 charges: the plan's dtype is the points' (float64 only for
-    # float64 points, even with jax_enable_x64, where jnp.zeros would be
-    # float64 and promote float32 points).
-    dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)
+    dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)      # the points set the dtype
     sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
     tree = _build_jit(sources, targets, config.depth)

@@ -28,7 +28,7 @@ import numpy as np
 
 from jfmm import kernels as _kernels
 from jfmm import tree as _tree
-from jfmm._compat import Tracer
+from jfmm._compat import Tracer, known_value
 from jfmm.models import Points, Sample, check_floor
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
@@ -117,7 +117,10 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     where it suffices (`_near_only`), else the fast Gauss transform where
     its plan meets eps, else Chebyshev. Every other kernel: Chebyshev.
     Each family's order and depth come from its model (`jfmm.models`).
-    sample: the points' `_pair_sample` where the caller drew it already."""
+    sample: the points' `_pair_sample` where the caller drew it already.
+    Kernel parameters differentiated eagerly (jax.grad outside jit) choose
+    by their values (`known_kernel`)."""
+    kernel = known_kernel(kernel)
     n_src, dim = sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
     dtype = sources.dtype
@@ -181,6 +184,13 @@ def _remember(cache: collections.OrderedDict, key, make):
     return value
 
 
+def known_kernel(kernel):
+    """The kernel with each parameter's value where it is known at trace
+    time (tracers of jax.grad or jax.jvp outside jit); for choosing orders
+    only, the sums keep the caller's kernel."""
+    return jax.tree_util.tree_map(known_value, kernel)
+
+
 def kernel_key(kernel):
     """A hashable key of a kernel's structure and concrete parameter values,
     or None (traced parameters, unhashable structure)."""
@@ -202,6 +212,7 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Co
     the points (a model's sample, a Gaussian's extent) their root box and
     sample pairs, so a hit returns what `resolve` would. Traced inputs
     resolve anew."""
+    kernel = known_kernel(kernel)
     kernel_values = kernel_key(kernel)
     pts = [sources] + ([] if targets is None else [targets])
     if kernel_values is None or not all(concrete(x) for x in pts):

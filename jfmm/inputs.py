@@ -3,6 +3,7 @@ coordinates, and the shapes of the results."""
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,18 +50,43 @@ def check_points(name: str, x, dims):
     return x
 
 
-def working_dtype(*arrays):
-    """The dtype the sums run in: the arrays' result type with Python
-    floats, float32 at least (integers and half precision take float32, or
-    float64 under jax_enable_x64)."""
-    dtype = jnp.result_type(*arrays, 0.0)
-    if not jnp.issubdtype(dtype, jnp.floating) or dtype.itemsize < 4:
-        dtype = jnp.result_type(jnp.float32, 0.0)
-    return dtype
+def working_dtype(*points):
+    """The dtype the sums run in, the one rule of `fmm`, `plan` and
+    `direct`: the points' dtype (sources and targets promoted together).
+    Integer points take jax's default float (float64 under
+    jax_enable_x64, else float32), half precision float32. Charges are
+    cast to it (complex charges to its complex type)."""
+    dtype = jnp.result_type(*points)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return jnp.dtype(jax.dtypes.canonicalize_dtype(jnp.float64))
+    return dtype if dtype.itemsize >= 4 else jnp.dtype(jnp.float32)
+
+
+class Layout(NamedTuple):
+    """How the caller's charges map onto the real (N, K) columns summed:
+    squeeze for (N,) charges, complex for complex ones (real parts in
+    columns :k, imaginary parts in k:)."""
+    squeeze: bool
+    complex: bool
+
+
+def charges_of(charges, n: int, dtype):
+    """charges (n,) or (n, k), real or complex -> ((n, K) of dtype, Layout)."""
+    charges = jnp.asarray(charges)
+    if charges.ndim not in (1, 2) or charges.shape[0] != n:
+        raise ValueError(f"charges must have shape ({n},) or ({n}, k) to match sources, "
+                         f"got {charges.shape}")
+    layout = Layout(charges.ndim == 1, jnp.iscomplexobj(charges))
+    if layout.squeeze:
+        charges = charges[:, None]
+    if layout.complex:
+        charges = jnp.concatenate([jnp.real(charges), jnp.imag(charges)], axis=1)
+    return charges.astype(dtype), layout
 
 
 def prepare(sources, charges, targets, kernel):
-    """Validate and cast. Returns (sources, charges (N, K), targets | None, squeeze)."""
+    """Validate and cast. Returns (sources, charges (N, K), targets | None,
+    Layout), all in `working_dtype`."""
     kernel = kernel_of(kernel)
     sources = check_points("sources", sources, kernel.dims)
     if targets is not None:
@@ -68,22 +94,20 @@ def prepare(sources, charges, targets, kernel):
         if targets.shape[1] != sources.shape[1]:
             raise ValueError(f"sources are {sources.shape[1]}D but targets are "
                              f"{targets.shape[1]}D")
-    charges = jnp.asarray(charges)
-    if charges.ndim not in (1, 2) or charges.shape[0] != sources.shape[0]:
-        raise ValueError(f"charges must have shape ({sources.shape[0]},) or "
-                         f"({sources.shape[0]}, k) to match sources, got {charges.shape}")
-    dtype = working_dtype(sources, charges, *([] if targets is None else [targets]))
-    squeeze = charges.ndim == 1
-    charges = charges.astype(dtype)
-    if squeeze:
-        charges = charges[:, None]
+    dtype = working_dtype(sources, *([] if targets is None else [targets]))
+    charges, layout = charges_of(charges, sources.shape[0], dtype)
     sources = sources.astype(dtype)
     targets = None if targets is None else targets.astype(dtype)
-    return sources, charges, targets, squeeze
+    return sources, charges, targets, layout
 
 
-def finish(phi, grad, squeeze: bool, gradient: bool):
-    if squeeze:
+def finish(phi, grad, layout: Layout, gradient: bool):
+    """The sums (M, K) and (M, K, d) in the caller's charge layout."""
+    if layout.complex:
+        k = phi.shape[1] // 2
+        phi = jax.lax.complex(phi[:, :k], phi[:, k:])
+        grad = None if grad is None else jax.lax.complex(grad[:, :k], grad[:, k:])
+    if layout.squeeze:
         phi = phi[:, 0]
         grad = None if grad is None else grad[:, 0]
     return (phi, grad) if gradient else phi

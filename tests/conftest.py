@@ -109,7 +109,8 @@ def radial_reference(kernel, sources, q, targets=None, chunk: int = 256):
 
 def rel(a, b) -> float:
     """Relative L2 error ||a - b|| / ||b||."""
-    a = np.asarray(a, np.float64)
+    a = np.asarray(a)
+    a = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 

@@ -140,3 +140,51 @@ def test_kernel_names(rng):
         jfmm.direct(x, q, kernel="gausian")
     with pytest.raises(TypeError, match="jfmm.kernels.get"):
         jfmm.plan(x, kernel=3.0)
+
+
+def test_complex_charges(rng):
+    """Complex charges, (N,) and (N, k): fmm, Plan.apply and direct sum real
+    and imaginary parts, potential and gradient, against the float64 numpy
+    sum; jax.grad with respect to complex charges and to positions matches
+    that of a dense jnp sum."""
+    x, y = points("cluster", 500, rng), points("sphere", 300, rng)
+    q = charges(500, rng, 2) + 1j * charges(500, rng, 2)
+    ref = reference(x, q.real, y)
+    ref = [a + 1j * b for a, b in zip(ref, reference(x, q.imag, y))]
+    opts = dict(eps=1e-6, leaf_size=16)
+    for (phi, grad), cols in ((jfmm.fmm(x, q[:, 0], y, gradient=True, **opts), 0),
+                              (jfmm.plan(x, y, **opts).apply(q, gradient=True), slice(None)),
+                              (jfmm.direct(x, q, y, gradient=True), slice(None))):
+        assert phi.dtype == np.complex128 and grad.dtype == np.complex128
+        assert rel(phi, ref[0][:, cols]) <= 1e-6 and rel(grad, ref[1][:, cols]) <= 1e-5
+    assert jfmm.direct(x.astype(np.float32), q, y.astype(np.float32)).dtype == np.complex64
+
+    def dense(xs, qs):
+        r = jnp.sqrt(jnp.sum((jnp.asarray(y)[:, None] - xs[None]) ** 2, axis=-1))
+        return (1 / r) @ qs
+
+    def loss(sum_):
+        return lambda xs, qs: jnp.sum(jnp.abs(sum_(xs, qs)) ** 2)
+
+    fast = loss(lambda xs, qs: jfmm.fmm(xs, qs, y, **opts))
+    got = jax.grad(fast, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(q[:, 0]))
+    want = jax.grad(loss(dense), argnums=(0, 1))(jnp.asarray(x), jnp.asarray(q[:, 0]))
+    assert got[1].dtype == np.complex128
+    assert rel(got[0], want[0]) <= 1e-5 and rel(got[1], want[1]) <= 1e-5
+
+
+def test_one_dtype_rule(rng):
+    """The points' dtype decides for fmm, plan and direct alike (integer
+    points: the default float, float64 here under jax_enable_x64), charges
+    of any dtype are cast to it, and eps defaults by it."""
+    xi = rng.integers(0, 100, (300, 3))
+    x32 = points("cube", 300, rng).astype(np.float32)
+    for x, q, want in ((xi, charges(300, rng).astype(np.float32), np.float64),
+                       (x32, charges(300, rng), np.float32),
+                       (x32, np.ones(300, np.int64), np.float32)):
+        pl = jfmm.plan(x, leaf_size=16)
+        outs = (jfmm.fmm(x, q, leaf_size=16), pl.apply(q), jfmm.direct(x, q))
+        assert [o.dtype for o in outs] == [want] * 3
+        assert pl.eps == api._configure.DEFAULT_EPS[np.dtype(want).name]
+        ref = reference(x, q, dtype=want)[0]
+        assert rel(outs[0], ref) <= pl.eps and rel(outs[1], ref) <= pl.eps

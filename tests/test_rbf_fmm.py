@@ -79,6 +79,27 @@ def test_kernel_parameter_gradients(rng):
         assert abs(got - want) <= 10 * eps * abs(want)
 
 
+def test_kernel_parameter_gradient_below_the_worst_case_rule(rng):
+    """jax.grad outside jit knows the parameter's value and chooses the
+    order by it (eps = 1e-8 in 3D is below the rule for unknown
+    parameters); inside jit the error names `order=`, which then works."""
+    x, q = points("cluster", 600, rng), charges(600, rng)
+    w = rng.normal(size=600)
+
+    def loss(e, **options):
+        return jnp.sum(w * jfmm.fmm(x, q, kernel=K.Gaussian(e), eps=1e-8, leaf_size=16,
+                                    **options))
+
+    h = 1e-5 * 3.0
+    want = (w @ radial_reference(K.Gaussian(3.0 + h), x, q)[0]
+            - w @ radial_reference(K.Gaussian(3.0 - h), x, q)[0]) / (2 * h)
+    assert abs(jax.grad(loss)(3.0) - want) <= 1e-8 * abs(want)
+    with pytest.raises(ValueError, match="pass order="):
+        jax.jit(jax.grad(loss))(3.0)
+    got = jax.jit(jax.grad(lambda e: loss(e, order=12, family="chebyshev")))(3.0)
+    assert abs(got - want) <= 1e-8 * abs(want)
+
+
 @pytest.mark.parametrize("kernel,kind", [(K.Gaussian(1.0), "cube"), (K.Cubic(), "cluster")],
                          ids=["Gaussian-cube", "Cubic-cluster"])
 def test_3d_beyond_the_worst_case_rule(kernel, kind, rng):

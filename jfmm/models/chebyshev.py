@@ -298,5 +298,12 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None) 
             sample.side, np.sum((sample.y - sample.x) ** 2, axis=-1))
         n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side, r2)
     elif n is None:
-        n = r.order(eps, dtype)
+        try:
+            n = r.order(eps, dtype)
+        except ValueError as e:
+            raise ValueError(
+                f"{e} for kernels whose parameters are traced (inside jax.jit or vmap, "
+                f"where their values cannot choose the order): pass order= (nodes per "
+                f"dimension, up to {r.MAX_ORDER}), or call outside jit (jax.grad outside "
+                f"jit chooses by the parameters' values), or use a larger eps") from None
     return Choice(n, depth_for(points, r.leaf_size(n)))
