@@ -122,7 +122,7 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
 
 def m2l(mult, level: int, mats, dim: int, mode: str):
     """`jfmm.ops.translate.m2l` on backend `mode`."""
-    if mode == "jnp" or _m2l in M2L_CHOICES:
+    if mode == "jnp" or _m2l in M2L_CHOICES or not isinstance(mats, jax.Array):
         return translate.m2l(mult, level, mats, dim, bf16x6=mode != "jnp" and _m2l == "bf16x6")
     return pallas_m2l.m2l(mult, level, mats, dim, _m2l, interpret=mode == "interpret")
 

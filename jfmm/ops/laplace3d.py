@@ -41,6 +41,7 @@ where d = (child centre - parent centre) / (parent side).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -300,17 +301,40 @@ def _apply_tables(h, p: int, kind: str):
     return hz[..., idx[0]] * c[0] + hz[..., idx[1]] * c[1]
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["h"], meta_fields=["p"])
+@dataclasses.dataclass(frozen=True)
+class M2LFromHarmonics:
+    """M2L matrices built where they are indexed, from the irregular
+    harmonics of the offsets h (n_off + 1, (2p - 1)^2) (the last row zero):
+    `self[i]` is the stored matrices' `m2l[i]` (in float64 the same
+    products, so the same values) without holding n_off P^2 values
+    (p = 36, float64: 4.3 GB)."""
+    h: jax.Array
+    p: int
+
+    def __getitem__(self, index):
+        return _apply_tables(self.h[index], self.p, "m2l")
+
+
+# Above this many bytes the M2L matrices are built per use (M2LFromHarmonics):
+# M2L then runs its loop over neighbour positions, which gathers the
+# position's matrices anyway (`translate.m2l`).
+STORED_M2L_BYTES = 2 ** 29
+
+
 class Operators(NamedTuple):
-    """Precomputed translation matrices for one order p (level independent).
+    """Translation operators for one order p (level independent).
 
     m2m: (2^d, P, P)    child multipole -> parent multipole, per child slot
     l2l: (2^d, P, P)    parent local -> child local, per child slot
     m2l: (n_off + 1, P, P) source multipole -> target local, per M2L offset
                         (offsets in target-box sides); the last one is zero.
+                        Above STORED_M2L_BYTES an M2LFromHarmonics, indexed
+                        alike.
     """
     m2m: jax.Array
     l2l: jax.Array
-    m2l: jax.Array
+    m2l: jax.Array | M2LFromHarmonics
 
 
 def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
@@ -326,9 +350,13 @@ def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
     m2m = _apply_tables(regular(d, p), p, "m2m")
     l2l = _apply_tables(regular(d, p), p, "l2l")
     t = -jnp.asarray(m2l_offsets, work)
-    m2l = _apply_tables(irregular(t, 2 * p - 1), p, "m2l")
-    m2l = jnp.concatenate([m2l, jnp.zeros((1, p * p, p * p), work)], axis=0)
-    return Operators(m2m.astype(dtype), l2l.astype(dtype), m2l.astype(dtype))
+    h = irregular(t, 2 * p - 1)
+    h = jnp.concatenate([h, jnp.zeros((1, h.shape[1]), work)])        # the zero operator
+    if (len(t) + 1) * p ** 4 * jnp.dtype(dtype).itemsize > STORED_M2L_BYTES:
+        m2l = M2LFromHarmonics(h.astype(dtype), p)
+    else:
+        m2l = _apply_tables(h, p, "m2l").astype(dtype)
+    return Operators(m2m.astype(dtype), l2l.astype(dtype), m2l)
 
 
 def m2l_basis(ops: Operators):

@@ -141,13 +141,20 @@ def test_order_rule():
         M.order_for_eps(1e-16, jnp.float64)
 
 
-@pytest.mark.parametrize("budget", [2 ** 16, 1], ids=["chunked", "loop"])
-def test_m2l_formulations_agree(budget, rng, monkeypatch):
+@pytest.mark.parametrize("budget,stored", [(2 ** 16, True), (1, True), (1, False)],
+                         ids=["chunked", "loop", "loop-unstored"])
+def test_m2l_formulations_agree(budget, stored, rng, monkeypatch):
     """The gathered M2L, chunked over parents or looping over neighbour
-    positions (when memory is short), gives the same locals."""
+    positions (when memory is short), with stored matrices or matrices
+    built per position from the offsets' harmonics (high orders), gives the
+    same locals."""
     p, level = 4, 3
     ops = L.operators(p, lists.m2l_offsets(3), jnp.float64)
     mult = jnp.asarray(rng.normal(size=(8 ** level, 2, p * p)))
     want = translate.m2l(mult, level, ops.m2l, 3)
     monkeypatch.setattr(translate, "GATHER_BYTES", budget)
+    if not stored:
+        monkeypatch.setattr(L, "STORED_M2L_BYTES", 0)
+        ops = L.operators(p, lists.m2l_offsets(3), jnp.float64)
+        assert isinstance(ops.m2l, L.M2LFromHarmonics)
     assert rel(translate.m2l(mult, level, ops.m2l, 3), want) < 1e-14
