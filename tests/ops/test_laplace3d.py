@@ -154,7 +154,7 @@ def test_m2l_formulations_agree(budget, stored, rng, monkeypatch):
     want = translate.m2l(mult, level, ops.m2l, 3)
     monkeypatch.setattr(translate, "GATHER_BYTES", budget)
     if not stored:
-        monkeypatch.setattr(L, "STORED_M2L_BYTES", 0)
+        monkeypatch.setattr(L, "STORED_M2L_BYTES", {"cpu": 0, "gpu": 0})
         ops = L.operators(p, lists.m2l_offsets(3), jnp.float64)
         assert isinstance(ops.m2l, L.M2LFromHarmonics)
     assert rel(translate.m2l(mult, level, ops.m2l, 3), want) < 1e-14
