@@ -7,7 +7,8 @@ probe points on a sphere of radius 2. We start 64 charges of value zero at
 random positions inside the ball and let Adam move both their values and
 their positions until the FMM potential at the probes matches the target.
 Gradients with respect to charges and positions come from jax.grad through
-jfmm.fmm (two FMM calls per step).
+jfmm.fmm (two FMM calls per step). About 35 s on a 2-core CPU, where each
+FMM call at this size costs ~0.4 s.
 """
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ def ball(rng, n, radius):
     return radius * rng.random((n, 1)) ** (1 / 3) * d / np.linalg.norm(d, axis=1, keepdims=True)
 
 
-def main(steps=300):
+def main(steps=40):
     rng = np.random.default_rng(1)
     probes = rng.normal(size=(400, 3))
     probes = jnp.asarray(2.0 * probes / np.linalg.norm(probes, axis=1, keepdims=True))
@@ -37,7 +38,7 @@ def main(steps=300):
         phi = jfmm.fmm(p["x"], p["q"], probes, eps=1e-6, leaf_size=8)
         return jnp.mean((phi - target) ** 2) / jnp.mean(target ** 2)
 
-    opt = optax.adam(1e-2)
+    opt = optax.adam(3e-2)
     state = opt.init(params)
 
     @jax.jit
@@ -50,7 +51,7 @@ def main(steps=300):
     for i in range(steps):
         params, state, value = step(params, state)
         first = float(value) if first is None else first
-        if i % 100 == 0 or i == steps - 1:
+        if i % 10 == 0 or i == steps - 1:
             print(f"step {i:4d}  relative misfit {float(value):.3e}")
     check = jfmm.direct(params["x"], params["q"], probes)
     final = float(jnp.mean((check - target) ** 2) / jnp.mean(target ** 2))
