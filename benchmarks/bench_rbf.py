@@ -4,7 +4,8 @@
         --out docs/data/kernels_3d.json
 
 Per kernel: the median time of the jitted sum with potential and gradient
-(tree build included, after compilation; the tree build alone beside it),
+(--potential: the potential alone, its order chosen for phi's error alone;
+tree build included, after compilation; the tree build alone beside it),
 the first eager jfmm.fmm call (choices, compilation and run), and the relative
 L2 error of potential and gradient on 1,000 sampled targets against a
 float64 direct sum of the same rounded inputs. The direct sum (potential and
@@ -47,14 +48,14 @@ COLUMNS = [
 ]
 
 
-def chosen(x, kernel, eps, traced: bool) -> tuple[str, int, int]:
+def chosen(x, kernel, eps, traced: bool, gradient: bool) -> tuple[str, int, int]:
     """(family, order, depth) `jfmm.fmm` chooses for points x, concrete or traced."""
     out = []
     if traced:
-        jax.make_jaxpr(lambda a: out.append(configure.resolve(a, None, kernel, eps, None,
-                                                              None, None)) or a)(x)
+        jax.make_jaxpr(lambda a: out.append(configure.resolve(
+            a, None, kernel, eps, None, None, None, gradient=True)) or a)(x)
     else:
-        out.append(configure.resolve(x, None, kernel, eps, None, None, None))
+        out.append(configure.resolve(x, None, kernel, eps, None, None, None, gradient=gradient))
     return out[0].name, out[0].order, out[0].depth
 
 
@@ -75,6 +76,8 @@ def main():
     ap.add_argument("--family", default=None, help="override the family (with --orders points)")
     ap.add_argument("--order", type=int, default=None,
                     help="override the order (with --orders points)")
+    ap.add_argument("--potential", action="store_true",
+                    help="the potential alone (default: potential and gradient)")
     ap.add_argument("--profile", action="store_true",
                     help="also time each pass of the FMM families (a row per kernel)")
     args = ap.parse_args()
@@ -91,37 +94,42 @@ def main():
     x64, q64 = jnp.asarray(x, jnp.float64), jnp.asarray(q, jnp.float64)
     nd = min(args.direct_n, n)
     scale = (n / nd) ** 2
+    grad_on = not args.potential
     kernels = KERNELS[dim] + COMMON
     if args.kernels:
         kernels = [kernels[int(i)] for i in args.kernels.split(",")]
-    table = Table(f"every kernel, N = {n:,} uniform, {dim}D, {args.dtype}, eps {eps:g}; "
+    table = Table(f"every kernel, N = {n:,} uniform, {dim}D, {args.dtype}, eps {eps:g}, "
+                  f"{'potential' if args.potential else 'potential and gradient'}; "
                   f"direct timed at N = {nd:,} and scaled by {scale:g}", COLUMNS)
     for k in kernels:
-        fam, order, depth = chosen(xd, k, eps, traced=args.orders == "traced")
+        fam, order, depth = chosen(xd, k, eps, args.orders == "traced", grad_on)
         if args.orders == "traced":
-            f = jax.jit(lambda a, c, k=k: jfmm.fmm(a, c, kernel=k, eps=eps, gradient=True))
+            f = jax.jit(lambda a, c, k=k: jfmm.fmm(a, c, kernel=k, eps=eps, gradient=grad_on))
             timed = (xd, qd)
         else:
             # The choices made eagerly for these points (as jfmm.fmm does),
             # the tree rebuilt and the sum evaluated inside jit.
-            pl = jfmm.plan(xd, kernel=k, eps=eps, family=args.family, order=args.order)
+            pl = jfmm.plan(xd, kernel=k, eps=eps, family=args.family, order=args.order,
+                           gradient=grad_on)
             fam, order, depth = pl.family, pl.order, pl.tree.depth
-            f = jax.jit(lambda p_, a, c: p_.update(a).apply(c, gradient=True))
+            f = jax.jit(lambda p_, a, c: p_.update(a).apply(c, gradient=grad_on))
             timed = (pl, xd, qd)
         # An eager call: choices, compilation, run.
-        _, first = first_time(lambda: jfmm.fmm(xd, qd, kernel=k, eps=eps, gradient=True,
+        _, first = first_time(lambda: jfmm.fmm(xd, qd, kernel=k, eps=eps, gradient=grad_on,
                                                family=args.family, order=args.order))
-        phi, grad = jax.block_until_ready(f(*timed))
+        out = jax.block_until_ready(f(*timed))
+        phi, grad = out if grad_on else (out, None)
         t = median_time(f, *timed, repeats=args.repeats)
         tree = jax.jit(lambda a, depth=depth: build_tree(a, None, depth))
         t_tree = median_time(tree, xd, repeats=args.repeats)
-        d = jax.jit(lambda a, c, k=k: jfmm.direct(a, c, kernel=k, gradient=True))
+        d = jax.jit(lambda a, c, k=k: jfmm.direct(a, c, kernel=k, gradient=grad_on))
         td = median_time(d, xd[:nd], qd[:nd], repeats=3) * scale
         ref, gref = jfmm.direct(x64, q64, x64[s], kernel=k, gradient=True)
         row = dict(n=n, kernel=label(k), dim=dim, points="cube", dtype=args.dtype, eps=eps,
                    family=fam, order=order, depth=depth, total_ms=t * 1e3,
                    build_ms=t_tree * 1e3, first_call_s=first, direct_ms=td * 1e3, direct_n=nd,
-                   speedup=td / t, err_phi=rel(phi[s], ref), err_grad=rel(grad[s], gref))
+                   speedup=td / t, err_phi=rel(phi[s], ref),
+                   err_grad=rel(grad[s], gref) if grad_on else None)
         profiled = args.profile and args.orders == "points" and fam not in ("hermite", "near")
         if profiled:
             row.update(profile(pl, qd, args.repeats))

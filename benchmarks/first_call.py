@@ -55,7 +55,7 @@ def main():
     fmm = lambda: jfmm.fmm(xd, qd, kernel=kernel, eps=eps, gradient=True)  # noqa: E731
     (phi, _), first = first_time(fmm)
     _, second = first_time(fmm)
-    pl, t_plan = first_time(lambda: jfmm.plan(xd, kernel=kernel, eps=eps))
+    pl, t_plan = first_time(lambda: jfmm.plan(xd, kernel=kernel, eps=eps, gradient=True))
     _, apply1 = first_time(lambda: pl.apply(qd, gradient=True))
     _, apply2 = first_time(lambda: pl.apply(qd, gradient=True))
     s = sample(rng, n)

@@ -81,10 +81,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
 
     Same arguments and shapes as `direct` (kernel: a `jfmm.kernels` kernel,
     or the name of one without parameters), plus eps, the requested relative
-    L2 error of phi over the targets (None: 1e-5 in float32, 1e-6 in
-    float64; an eps the dtype cannot reach raises ValueError), leaf_size,
-    the mean points per leaf the tree depth aims at, and order, which
-    overrides the expansion order chosen from eps.
+    L2 error of phi over the targets, and of grad phi where gradient=True or
+    the points are traced (a transformation may move them) (None: 1e-5 in
+    float32, 1e-6 in float64; an eps the dtype cannot reach raises
+    ValueError), leaf_size, the mean points per leaf the tree depth aims
+    at, and order, which overrides the expansion order chosen from eps.
 
     jit-able with eps, gradient, leaf_size and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes
@@ -113,9 +114,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     measured per backend (`configure.DIRECT_PAIRS`) the direct sum. Orders come from each
     family's error model for eps, or from `order` (for Chebyshev: nodes per
     dimension). Smallest eps, each tested at that value: float64 3D
-    Laplace 8.5e-11, 2D Laplace 4.8e-14, Chebyshev 1e-12 in 2D and 1e-10
-    in 3D where the kernel's error estimate reaches them; float32 3e-6 for
-    the Laplace series, 1e-5 for Chebyshev (and Gaussians below 2e-5).
+    Laplace 8.5e-11, 2D Laplace 4.8e-14, Chebyshev 1e-12 in 2D and 1e-10 in
+    3D where the kernel's estimate reaches them; float32 3e-6 for the
+    Laplace series, 1e-5 for Chebyshev (and Gaussians below 2e-5).
     Inside jit with traced points a Gaussian gets Chebyshev: to keep the
     transform under jit, make a plan outside it and call `Plan.update` and
     `Plan.apply` inside.
@@ -123,17 +124,17 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
     # The same jax arrays as a checked earlier call: its plan, without checks.
-    known = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=False)
+    opts = (eps, leaf_size, order, family, gradient)
+    known = _eager_plan(sources, targets, kernel, *opts, make=False)
     if known is not None:
         return known.apply(charges, gradient)
     given = (sources, targets)
     sources, q, targets, layout = _inputs.prepare(sources, charges, targets, kernel)
     if sources is given[0] and targets is given[1]:     # jax arrays of the working dtype
-        remembered = _eager_plan(sources, targets, kernel, eps, leaf_size, order, family)
+        remembered = _eager_plan(sources, targets, kernel, *opts)
         if remembered is not None:
             return remembered.apply(charges, gradient)
-    # Concrete points and kernel: the choices of earlier calls.
-    config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
+    config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
     phi, grad = _call(_fmm_jits, sources, q, targets, kernel, config=config,
                       gradient=gradient, mode=backend.current())
     return _inputs.finish(phi, grad, layout, gradient)
@@ -142,7 +143,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls
 
 
-def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=True):
+def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, make=True):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
     options, made on the second (make=False: only one made before); None on
@@ -152,7 +153,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=Tr
     if (values is None or not _configure.concrete(jnp.zeros(()))
             or not all(isinstance(x, jax.Array) and _configure.concrete(x) for x in pts)):
         return None
-    options = (values, eps, leaf_size, order, family, targets is None)
+    options = (values, eps, leaf_size, order, family, gradient, targets is None)
     for i, (refs, opts, pl) in enumerate(_PLANS):
         if opts == options and all(r() is x for r, x in zip(refs, pts)):
             break
@@ -163,7 +164,8 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, make=Tr
         del _PLANS[4:]
         return None
     if pl is None and make:
-        pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order, family=family)
+        pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order,
+                  family=family, gradient=gradient)
         _PLANS[i] = (refs, opts, pl)
     return pl
 
@@ -181,9 +183,8 @@ class Plan:
     depth, eps: `jfmm.configure.Config`) and the tree's dim.
     Arrays: the tree, the kernel's parameters, the translation operators.
 
-    overflow: always False for the uniform-depth tree, which has no capacity
-    that data can exceed; the field is part of the Plan contract so that
-    adaptive trees (capacities sized from data) can report an overflow.
+    overflow: always False (a uniform-depth tree has no capacity data can
+    exceed); adaptive trees, sized from data, will report one here.
     """
     tree: _tree.Tree
     kernel: _kernels.Kernel
@@ -200,6 +201,9 @@ class Plan:
 
     def apply(self, charges, gradient=False):
         """phi (and grad) for charges (N,) or (N, k); see `fmm`."""
+        if gradient and not self.config.gradient:
+            raise ValueError("this plan's order keeps phi's error within eps, not the "
+                             "gradient's: make it with jfmm.plan(..., gradient=True)")
         q, layout = _inputs.charges_of(charges, self.tree.src_perm.shape[0],
                                        self.tree.src_sorted.dtype)
         phi, grad = _call(_apply_jits, self, q, gradient=gradient, mode=backend.current())
@@ -233,12 +237,15 @@ _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
 
 
 def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_size=None,
-         order=None, family=None):
-    """Build the tree and operators once; see `Plan.apply` and `Plan.update`."""
+         order=None, family=None, gradient=False):
+    """Build the tree and operators once; see `Plan.apply` and `Plan.update`.
+    gradient=True: an order whose gradients (`apply(q, gradient=True)`,
+    derivatives along point moves) meet eps too; else phi's alone."""
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)      # the points set the dtype
     sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
-    config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family)
+    config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
+                                      gradient)
     tree = _build_jit(sources, targets, config.depth)
     return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config)

@@ -47,11 +47,15 @@ class Config:
 
     family: the family object (None: near field only); order: its order
     (for Chebyshev, nodes per dimension); depth: the tree depth (for the
-    Gauss transform, its grid level); eps: the requested error."""
+    Gauss transform, its grid level); eps: the requested error; gradient:
+    False where the order keeps phi's error alone within eps (a plan for
+    phi alone refuses gradients and derivatives along point moves); True
+    where it bounds grad phi's too, or the caller gave the order."""
     family: object
     order: int
     depth: int
     eps: float
+    gradient: bool = True
 
     @property
     def name(self) -> str:
@@ -107,7 +111,8 @@ def _tree_family(kernel, dim: int, choice: str):
     return chebyshev_family(dim), chebyshev_model
 
 
-def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=False) -> Config:
+def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=False,
+            gradient=True) -> Config:
     """The `Config` of `fmm` and `plan` for prepared points.
 
     Below the direct sum's crossover (`DIRECT_PAIRS`; "auto", no order or
@@ -118,6 +123,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     its plan meets eps, else Chebyshev. Every other kernel: Chebyshev.
     Each family's order and depth come from its model (`jfmm.models`).
     sample: the points' `_pair_sample` where the caller drew it already.
+    gradient: whether grad phi's error must be within eps too (Chebyshev
+    then needs a higher order; the other families meet it at phi's).
     Kernel parameters differentiated eagerly (jax.grad outside jit) choose
     by their values (`known_kernel`)."""
     kernel = known_kernel(kernel)
@@ -148,7 +155,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     if family == "hermite":
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps)
     try:
-        choice = model.choose(kernel, eps, dtype, points, order)
+        choice = model.choose(kernel, eps, dtype, points, order, gradient)
     except ValueError:
         if gauss is None:
             raise
@@ -158,7 +165,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         return Config(None, choice.order, choice.depth, eps)
     if gauss is not None:
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps)
-    return Config(fam, choice.order, choice.depth, eps)
+    return Config(fam, choice.order, choice.depth, eps, gradient or order is not None)
 
 
 def _sampled(kernel, dim: int, order, family: str) -> bool:
@@ -205,18 +212,22 @@ def kernel_key(kernel):
     return key
 
 
-def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Config:
+def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
+                  gradient=True) -> Config:
     """`resolve` for concrete points and kernel, remembered for repeated
     calls. The key holds everything `resolve` reads: the kernel's values,
     the shapes, dtype, eps and overrides, and where the choice depends on
     the points (a model's sample, a Gaussian's extent) their root box and
     sample pairs, so a hit returns what `resolve` would. Traced inputs
-    resolve anew."""
+    resolve anew; traced points, which a transformation may move, bound the
+    gradient's error whatever `gradient` says."""
     kernel = known_kernel(kernel)
     kernel_values = kernel_key(kernel)
     pts = [sources] + ([] if targets is None else [targets])
     if kernel_values is None or not all(concrete(x) for x in pts):
-        return resolve(sources, targets, kernel, eps, leaf_size, order, family)
+        gradient = gradient or not all(concrete(x) for x in pts)
+        return resolve(sources, targets, kernel, eps, leaf_size, order, family,
+                       gradient=gradient)
     sample, (n_src, dim) = None, sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
     eps_ = DEFAULT_EPS[jnp.dtype(sources.dtype).name] if eps is None else eps
@@ -227,9 +238,9 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family) -> Co
     where = None if sample is None else (sample.lo.tobytes(), sample.side, sample.x.tobytes(),
                                          sample.y.tobytes())
     key = (kernel_values, sources.shape, None if targets is None else targets.shape,
-           jnp.dtype(sources.dtype).name, eps, leaf_size, order, family, where)
+           jnp.dtype(sources.dtype).name, eps, leaf_size, order, family, where, gradient)
     return _remember(_RESOLVED, key, lambda: resolve(sources, targets, kernel, eps, leaf_size,
-                                                     order, family, sample))
+                                                     order, family, sample, gradient))
 
 
 # Source-target pairs below which the direct sum (all pairs of a one-box

@@ -206,6 +206,9 @@ def _jvp(primals, tangents, *, spec: Spec):
     tree = spec.tree_def.unflatten(tl)
     dsrc, dtgt = dtree.src_sorted, dtree.tgt_sorted
     move_y = not _zero(dtgt)
+    if (move_y or not _zero(dsrc)) and not spec.config.gradient:
+        raise ValueError("differentiating along point moves needs gradients within eps: "
+                         "make the plan with jfmm.plan(..., gradient=True)")
     outs = _rebind(spec, tl, ol, kl, ws, spec.top + move_y)
     primal = outs[:spec.top + 1]
 

@@ -26,6 +26,14 @@ def fmm_at_every_size(request, monkeypatch):
         monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {}, "gpu": {}})
 
 
+@pytest.fixture(autouse=True, scope="module")
+def fresh_compilation_caches():
+    """Drop each module's compiled programs when it ends: a worker that
+    keeps every program of the suite grows by gigabytes."""
+    yield
+    jax.clear_caches()
+
+
 def points(kind: str, n: int, rng, dim: int = 3) -> np.ndarray:
     """n points: uniform cube, sphere surface, or tight clusters with far outliers."""
     if kind == "cube":

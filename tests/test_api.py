@@ -153,7 +153,7 @@ def test_complex_charges(rng):
     ref = [a + 1j * b for a, b in zip(ref, reference(x, q.imag, y))]
     opts = dict(eps=1e-6, leaf_size=16)
     for (phi, grad), cols in ((jfmm.fmm(x, q[:, 0], y, gradient=True, **opts), 0),
-                              (jfmm.plan(x, y, **opts).apply(q, gradient=True), slice(None)),
+                              (jfmm.plan(x, y, **opts, gradient=True).apply(q, gradient=True), slice(None)),
                               (jfmm.direct(x, q, y, gradient=True), slice(None))):
         assert phi.dtype == np.complex128 and grad.dtype == np.complex128
         assert rel(phi, ref[0][:, cols]) <= 1e-6 and rel(grad, ref[1][:, cols]) <= 1e-5

@@ -100,14 +100,15 @@ def test_repeated_eager_calls_reuse_choices(rng, monkeypatch):
         ref = radial_reference(kernel, pts, q)[0]
         assert np.linalg.norm(phi - ref) / np.linalg.norm(ref) < eps
         assert len(calls) == resolves
-        cfg = configure.resolve_eager(jnp.asarray(pts), None, kernel, eps, None, None, None)
-        assert cfg == real(jnp.asarray(pts), None, kernel, eps, None, None, None)
+        cfg = configure.resolve_eager(jnp.asarray(pts), None, kernel, eps, None, None, None,
+                                      gradient=False)
+        assert cfg == real(jnp.asarray(pts), None, kernel, eps, None, None, None, gradient=False)
     # The same points under jit resolve and build inside the trace: same result.
     y = jnp.asarray(points("sphere", 1500, rng))
     q = jnp.asarray(rng.random(1500) - 0.5)
-    eager = jfmm.fmm(y, q, kernel=kernel, eps=eps)
-    np.testing.assert_allclose(jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=kernel, eps=eps))(y, q),
-                               eager, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(eager))))
+    eager = jfmm.fmm(y, q, kernel=kernel, eps=eps, gradient=True)[0]  # traced points: the
+    jitted = jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=kernel, eps=eps))(y, q)  # gradient's order
+    np.testing.assert_allclose(jitted, eager, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(eager))))
 
 
 @pytest.mark.crossover
@@ -149,7 +150,7 @@ def test_eager_calls_on_the_same_arrays_reuse_one_plan(rng):
         ref, gref = radial_reference(kernel, np.asarray(pts), q)
         assert np.linalg.norm(phi - ref) / np.linalg.norm(ref) < eps
         assert np.linalg.norm(grad - gref) / np.linalg.norm(gref) < 10 * eps
-    first = api._eager_plan(x, None, kernel, eps, None, None, None)
-    assert first is api._eager_plan(x, None, kernel, eps, None, None, None)
-    assert first is not api._eager_plan(jnp.array(x), None, kernel, eps, None, None, None)
-    assert first is not api._eager_plan(x, None, K.Gaussian(5.0), eps, None, None, None)
+    first = api._eager_plan(x, None, kernel, eps, None, None, None, True)
+    assert first is api._eager_plan(x, None, kernel, eps, None, None, None, True)
+    assert first is not api._eager_plan(jnp.array(x), None, kernel, eps, None, None, None, True)
+    assert first is not api._eager_plan(x, None, K.Gaussian(5.0), eps, None, None, None, True)

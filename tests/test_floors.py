@@ -20,7 +20,7 @@ from jfmm import kernels as K
 def test_smallest_stated_eps(kernel, dim, kind, eps, dtype, n, leaf, rng):
     x = np.asarray(points(kind, n, rng, dim), dtype)
     q = np.asarray(charges(n, rng), dtype)
-    pl = jfmm.plan(x, kernel=kernel, eps=eps, leaf_size=leaf)
+    pl = jfmm.plan(x, kernel=kernel, eps=eps, leaf_size=leaf, gradient=True)
     assert pl.tree.depth >= 2                     # a far field to approximate
     phi, grad = pl.apply(q, gradient=True)
     assert phi.dtype == dtype

@@ -119,7 +119,7 @@ def test_eager_calls_do_not_recompile(rng):
 
 def test_plan_apply_and_update(rng):
     x, y = points("cube", 1500, rng), points("sphere", 500, rng)
-    pl = jfmm.plan(x, y, eps=1e-8)
+    pl = jfmm.plan(x, y, eps=1e-8, gradient=True)
     q = charges(1500, rng, k=2)
     phi, grad = pl.apply(q, gradient=True)
     ref, gref = reference(x, q, y)

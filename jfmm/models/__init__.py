@@ -3,11 +3,12 @@ and tree depth for a kernel, eps, dtype and the points.
 
 Every family's model is a module here with one entry point,
 
-    choose(kernel, eps, dtype, points, order=None) -> Choice | None
+    choose(kernel, eps, dtype, points, order=None, gradient=True) -> Choice | None
 
 (None: the family declines these points, and the configuration step tries
 another). `points` describes the point sets without their arrays (`Points`);
-`order` is a caller's override, range-checked. jfmm.configure pairs each
+`order` is a caller's override, range-checked; `gradient`: whether grad
+phi's error must be within eps too, not only phi's. jfmm.configure pairs each
 family with its model; the operators stay in jfmm.ops.
 """
 from __future__ import annotations

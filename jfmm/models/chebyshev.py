@@ -105,20 +105,22 @@ def _tails_squared(kernel, dim: int, side: float) -> np.ndarray:
     return out
 
 
-def pair_moments(kernel, r2, side: float, dim: int) -> tuple[float, float]:
-    """mean K(r)^2 and mean K'(r)^2 over the points' pairs: sample pairs
-    (squared distances r2) farther apart than side / 8, plus pairs closer
-    than that as for uniform points in a root box of `side`, density
-    S_d r^(d-1) / side^d, integrated over a geometric grid of r (too few
-    close pairs fall in a sample for a kernel much narrower than the box;
-    clustered points have more of them, so this errs low: the estimate
-    high)."""
+def pair_moments(kernel, r2, side: float, dim: int, count: int) -> tuple[float, float]:
+    """mean K(r)^2 and mean K'(r)^2 over the pairs of `count` points: sample
+    pairs (squared distances r2) farther apart than side / 8, plus pairs
+    closer than that as for uniform points in a root box of `side`, density
+    S_d r^(d-1) / side^d, integrated over a geometric grid of r down to half
+    their mean spacing (too few close pairs fall in a sample for a kernel
+    much narrower than the box; clustered points have more of them, so this
+    errs low: the estimate high; the spacing keeps a singular K'^2 finite)."""
     cut = side / 8
     r2 = np.asarray(r2, np.float64)
     far = np.sqrt(r2[r2 > cut * cut])
     sampled = [float(np.sum(v ** 2)) / r2.shape[0] for v in _radial(kernel, far)]
+    spacing = 0.5 * side * max(count, 1) ** (-1.0 / dim)
     steps = np.arange(240) / 4.0                      # r from cut down to cut 2^-60
     r = cut * 2.0 ** -steps
+    r = r[r >= min(spacing, cut)]
     density = (2 * np.pi if dim == 2 else 4 * np.pi) * r ** dim / side ** dim
     dlog = np.log(2.0) / 4
     close = [float(np.sum(np.nan_to_num(v ** 2) * density) * dlog) for v in _radial(kernel, r)]
@@ -147,14 +149,14 @@ def far_field_error(kernel, dim: int, root_side: float, depth: int,
 # Order rules per dimension. Where the kernel's parameters are concrete the
 # order comes from `far_field_error` for this kernel, these points (or the
 # worst root box size, where the points are traced) and the tree's depth:
-# the smallest n in [min_order, max_estimated] with max(err phi, err grad /
-# GRADIENT_SLACK) <= eps / ESTIMATE_MARGIN. Measured over every kernel, 2D
-# and 3D, uniform and clustered points (docs/BENCHMARKS.md), the measured
-# error of phi is at most 1.08 times its estimate and that of grad at most
-# 0.06 times its own, so the rule keeps err phi <= 0.27 eps and err grad <=
-# 3 eps. (Measured before the 3D M2L's truncated basis, which the estimate
-# does not model: it added 3% to the error where measured, and the N =
-# 20,000 acceptance of every kernel stayed within eps.)
+# the smallest n in [min_order, max_estimated] with PHI_RATIO err phi <= eps
+# and, where the gradient is asked for, GRADIENT_RATIO err grad <= eps. The
+# ratios bound the measured / estimated errors over every kernel of
+# benchmarks/calibrate_chebyshev.py (N = 8,000, float64, uniform, sphere and
+# clustered points, n = 4-9; docs/BENCHMARKS.md): phi 0.06-0.37 (clusters,
+# whose far field is small, far less), grad 0.0003-0.067. The gradient's
+# relative error is 20-50x the potential's at the same n: a potential alone
+# needs one or two orders fewer.
 # max_estimated: 2D saturates near 1e-13 (rounding) by n = 18; in 3D the
 # M2L matrices hold 317 k^2 values per level (k of the n^3 multi-indices
 # kept: 3.3 GB in float64 at n = 12, k = 1,142; orders above 12 are not
@@ -172,12 +174,14 @@ RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18,
                  max_estimated=18),
          3: dict(error_scale=1.0, error_rate=0.25, min_order=4, max_order=10,
                  max_estimated=12)}
-ESTIMATE_MARGIN = 4.0
-GRADIENT_SLACK = 200.0
+PHI_RATIO = 0.4
+GRADIENT_RATIO = 0.07
 # Rounding floors of the estimated rule (2D float64 measured: 1e-14 to 2e-13
 # at n = 16-18, docs/BENCHMARKS.md; 3D float32 at eps 3e-6 measured up to
 # 3.0e-6 over 2,000 uniform points, so float32 stops at 1e-5).
 ROUNDING_FLOOR = {"float32": 1e-5, "float64": 1e-12}
+# The rounding error the truncation's share of eps leaves room for.
+ROUNDING_ERROR = {"float32": 3e-6, "float64": 0.0}
 # Root box sides tried where the points are traced (the kernel's own length
 # scale is unknown): 4^-10 .. 4^10.
 _TRACED_SIDES = tuple(4.0 ** k for k in range(-10, 11))
@@ -231,18 +235,20 @@ class Rule:
                                   f"the {self.dim}D Chebyshev family")
 
     def order_for(self, eps: float, dtype, kernel, depth_of, root_side=None,
-                  pair_r2=None) -> int:
+                  pair_r2=None, gradient: bool = True, count: int = 1) -> int:
         """n for a relative L2 error eps from `far_field_error`: the
-        smallest n whose estimate, max(err phi, err grad / GRADIENT_SLACK),
-        is <= eps / ESTIMATE_MARGIN.
+        smallest n whose estimates, PHI_RATIO err phi and (gradient)
+        GRADIENT_RATIO err grad, are <= eps less the dtype's rounding error.
 
         kernel: concrete parameters; depth_of(n): the tree depth at n;
+        count: the points' number (the larger of sources and targets);
         root_side and pair_r2 (squared distances of sample pairs of the
         points): None where the points are traced, and then the worst of
         uniform points in root boxes of sides _TRACED_SIDES. ValueError if
         no n reaches eps, or eps is below the dtype's ROUNDING_FLOOR.
         """
         check_floor(eps, dtype, ROUNDING_FLOOR, f"the {self.dim}D Chebyshev family")
+        budget = eps - ROUNDING_ERROR[jnp.dtype(dtype).name]
         if root_side is None:
             # The worst over box sizes; no more than the worst-case rule's n.
             try:
@@ -253,7 +259,7 @@ class Rule:
         else:
             cases = [(float(root_side), np.asarray(pair_r2, np.float64))]
         with _float64(), jax.ensure_compile_time_eval():
-            moments = [pair_moments(kernel, r2, s, self.dim) for s, r2 in cases]
+            moments = [pair_moments(kernel, r2, s, self.dim, count) for s, r2 in cases]
             estimates, cache = {}, {}
             best = None
             for n in self.ESTIMATED_ORDERS:
@@ -262,7 +268,7 @@ class Rule:
                     estimates[depth] = np.max([far_field_error(kernel, self.dim, s, depth, m, cache)
                                                for (s, _), m in zip(cases, moments)], axis=0)
                 err = estimates[depth][:, n]
-                if max(err[0], err[1] / GRADIENT_SLACK) * ESTIMATE_MARGIN <= eps:
+                if max(PHI_RATIO * err[0], GRADIENT_RATIO * err[1] * gradient) <= budget:
                     return n if root_side is not None or cap is None else min(n, cap)
                 if root_side is None and n == cap:
                     return cap
@@ -286,17 +292,20 @@ def rule(dim: int) -> Rule:
     return Rule(dim, **RULES[dim])
 
 
-def choose(kernel, eps: float, dtype, points: Points, order: int | None = None) -> Choice:
+def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
+           gradient: bool = True) -> Choice:
     """n from the error estimate where the kernel's parameters are concrete
-    (for these points, or the worst root box size where they are traced),
-    else from the worst-case rule; or `order`, range-checked."""
+    (for these points, or the worst root box size where they are traced;
+    the gradient's error within eps too where `gradient`), else from the
+    worst-case rule (both); or `order`, range-checked."""
     r = rule(points.dim)
     n = checked_order(order, r.MAX_ORDER)
     if n is None and kernel.is_concrete():
         sample = points.sample
         side, r2 = (None, None) if sample is None else (
             sample.side, np.sum((sample.y - sample.x) ** 2, axis=-1))
-        n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side, r2)
+        n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side, r2,
+                        gradient, max(points.n_src, points.n_tgt))
     elif n is None:
         try:
             n = r.order(eps, dtype)

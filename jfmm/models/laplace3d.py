@@ -63,6 +63,9 @@ def order_for_eps(eps: float, dtype, points: float | None = None) -> int:
                         "the 3D Laplace family")
 
 
-def choose(kernel, eps: float, dtype, points: Points, order: int | None = None) -> Choice:
-    """Order (from eps, or `order` range-checked) and depth for these points."""
+def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
+           gradient: bool = True) -> Choice:
+    """Order (from eps, or `order` range-checked) and depth for these points;
+    one rule with or without the gradient, whose error at the order for
+    phi stays within eps (docs/BENCHMARKS.md)."""
     return series_choice(order_for_eps, MAX_ORDER, leaf_size, eps, dtype, points, order)
