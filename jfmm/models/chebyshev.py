@@ -149,14 +149,15 @@ def far_field_error(kernel, dim: int, root_side: float, depth: int,
 # Order rules per dimension. Where the kernel's parameters are concrete the
 # order comes from `far_field_error` for this kernel, these points (or the
 # worst root box size, where the points are traced) and the tree's depth:
-# the smallest n in [min_order, max_estimated] with PHI_RATIO err phi <= eps
-# and, where the gradient is asked for, GRADIENT_RATIO err grad <= eps. The
+# the smallest n in [min_order, max_estimated] with phi_ratio err phi <= eps
+# and, where the gradient is asked for, gradient_ratio err grad <= eps. The
 # ratios bound the measured / estimated errors over every kernel of
 # benchmarks/calibrate_chebyshev.py (N = 8,000, float64, uniform, sphere and
-# clustered points, n = 4-9; docs/BENCHMARKS.md): phi 0.06-0.37 (clusters,
-# whose far field is small, far less), grad 0.0003-0.067. The gradient's
-# relative error is 20-50x the potential's at the same n: a potential alone
-# needs one or two orders fewer.
+# clustered points; docs/BENCHMARKS.md): in 3D (n = 4-9) phi 0.06-0.37
+# (clusters, whose far field is small, far less), grad 0.0003-0.067; in 2D
+# (n = 4-14) phi 0.05-1.45, grad 0.01-0.23, both largest at n = 13-14. The
+# gradient's relative error is 20-50x the potential's at the same n: a
+# potential alone needs one or two orders fewer.
 # max_estimated: 2D saturates near 1e-13 (rounding) by n = 18; in 3D the
 # M2L matrices hold 317 k^2 values per level (k of the n^3 multi-indices
 # kept: 3.3 GB in float64 at n = 12, k = 1,142; orders above 12 are not
@@ -171,11 +172,9 @@ def far_field_error(kernel, dim: int, root_side: float, depth: int,
 # is about a box side. 3D orders 8-10 were measured on the seven hardest
 # kernels of n = 7. Orders below min_order were not measured.
 RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18,
-                 max_estimated=18),
+                 max_estimated=18, phi_ratio=1.5, gradient_ratio=0.25),
          3: dict(error_scale=1.0, error_rate=0.25, min_order=4, max_order=10,
-                 max_estimated=12)}
-PHI_RATIO = 0.4
-GRADIENT_RATIO = 0.07
+                 max_estimated=12, phi_ratio=0.4, gradient_ratio=0.07)}
 # Rounding floors of the estimated rule (2D float64 measured: 1e-14 to 2e-13
 # at n = 16-18, docs/BENCHMARKS.md; 3D float32 at eps 3e-6 measured up to
 # 3.0e-6 over 2,000 uniform points, so float32 stops at 1e-5).
@@ -211,8 +210,9 @@ class Rule:
     """
 
     def __init__(self, dim: int, error_scale: float, error_rate: float, min_order: int,
-                 max_order: int, max_estimated: int):
+                 max_order: int, max_estimated: int, phi_ratio: float, gradient_ratio: float):
         self.dim = dim
+        self.phi_ratio, self.gradient_ratio = phi_ratio, gradient_ratio
         self.error_scale, self.error_rate = error_scale, error_rate
         self.MAX_ORDER = max(max_order, max_estimated)
         self.ORDERS = tuple(range(min_order, max_order + 1))
@@ -237,8 +237,8 @@ class Rule:
     def order_for(self, eps: float, dtype, kernel, depth_of, root_side=None,
                   pair_r2=None, gradient: bool = True, count: int = 1) -> int:
         """n for a relative L2 error eps from `far_field_error`: the
-        smallest n whose estimates, PHI_RATIO err phi and (gradient)
-        GRADIENT_RATIO err grad, are <= eps less the dtype's rounding error.
+        smallest n whose estimates, phi_ratio err phi and (gradient)
+        gradient_ratio err grad, are <= eps less the dtype's rounding error.
 
         kernel: concrete parameters; depth_of(n): the tree depth at n;
         count: the points' number (the larger of sources and targets);
@@ -268,7 +268,7 @@ class Rule:
                     estimates[depth] = np.max([far_field_error(kernel, self.dim, s, depth, m, cache)
                                                for (s, _), m in zip(cases, moments)], axis=0)
                 err = estimates[depth][:, n]
-                if max(PHI_RATIO * err[0], GRADIENT_RATIO * err[1] * gradient) <= budget:
+                if max(self.phi_ratio * err[0], self.gradient_ratio * err[1] * gradient) <= budget:
                     return n if root_side is not None or cap is None else min(n, cap)
                 if root_side is None and n == cap:
                     return cap
