@@ -1,18 +1,23 @@
 """Every family at the smallest eps `jfmm.fmm`'s docstring states, against
-the float64 numpy reference (3D Laplace's float64 floor is in test_fmm)."""
+the float64 numpy reference (3D Laplace's float64 floor is in test_fmm):
+phi, and grad phi where the family's gradient floor allows (2D Laplace's
+float64 gradients stop at 1.1e-13), within 10 eps: at these floors
+rounding, not the order, sets the gradient's error."""
 import numpy as np
 import pytest
 from conftest import charges, points, radial_reference, rel
 
 import jfmm
 from jfmm import kernels as K
+from jfmm.models import laplace2d
 
 
 @pytest.mark.parametrize("kernel,dim,kind,eps,dtype,n,leaf", [
     (K.Laplace2D(), 2, "sphere", 4.8e-14, np.float64, 1200, None),
+    (K.Laplace2D(), 2, "cube", laplace2d.GRADIENT_EPS_FLOOR["float64"], np.float64, 1200, None),
     (K.Multiquadric(1.0), 2, "cube", 1e-12, np.float64, 1200, 8),
     (K.Quintic(), 3, "cube", 1e-10, np.float64, 1500, 16),
-    (K.Laplace3D(), 3, "cluster", 3e-6, np.float32, 2000, None),
+    (K.Laplace3D(), 3, "cluster", 3e-6, np.float32, 2000, 32),
     (K.Laplace2D(), 2, "cube", 3e-6, np.float32, 2000, None),
     (K.Multiquadric(1.0), 3, "sphere", 1e-5, np.float32, 2000, 32),
     (K.Gaussian(3.0), 2, "cluster", 1e-5, np.float32, 2000, None),
@@ -20,10 +25,12 @@ from jfmm import kernels as K
 def test_smallest_stated_eps(kernel, dim, kind, eps, dtype, n, leaf, rng):
     x = np.asarray(points(kind, n, rng, dim), dtype)
     q = np.asarray(charges(n, rng), dtype)
-    pl = jfmm.plan(x, kernel=kernel, eps=eps, leaf_size=leaf, gradient=True)
+    gradient = eps >= laplace2d.GRADIENT_EPS_FLOOR["float64"] or dtype != np.float64
+    pl = jfmm.plan(x, kernel=kernel, eps=eps, leaf_size=leaf, gradient=gradient)
     assert pl.tree.depth >= 2                     # a far field to approximate
-    phi, grad = pl.apply(q, gradient=True)
+    phi, grad = pl.apply(q, gradient=True) if gradient else (pl.apply(q), None)
     assert phi.dtype == dtype
     ref, gref = radial_reference(kernel, np.float64(x), np.float64(q), None)
     assert rel(phi, ref) <= eps, rel(phi, ref)
-    assert rel(grad, gref) <= 10 * eps, rel(grad, gref)
+    if gradient:
+        assert rel(grad, gref) <= 10 * eps, rel(grad, gref)

@@ -1,34 +1,40 @@
 """The 2D Laplace family's error model: the order for eps, the leaf size."""
 from __future__ import annotations
 
+import functools
+
 from jfmm.models import Choice, Points, choose_order, series_choice
 
 
-# Worst relative L2 error measured per order p, max(err phi, err grad / 10),
-# float64, through jfmm.passes.evaluate against the direct sum: N = 4,000
-# uniform square, circle and clusters (3 draws each, depths 2, 3 and 4), and
-# 20 to 60 uniform draws of N = 400 (depth 2) and 1,000 (depth 3), where a
-# single slow source-target pair weighs more. The error falls about 0.4x per
-# order; float64 rounding (about 1e-15) is reached near p = 34.
-_ERROR_BY_ORDER = {4: 1.7e-3, 5: 5.2e-4, 6: 1.7e-4, 7: 5.1e-5, 8: 1.6e-5, 9: 3.4e-6,
-                   10: 2.0e-6, 11: 9.8e-7, 12: 2.7e-7, 13: 1.1e-7, 14: 2.9e-8, 15: 1.2e-8,
-                   16: 6.4e-9, 17: 2.2e-9, 18: 1.1e-9, 19: 4.2e-10, 20: 2.1e-10,
-                   21: 1.1e-10, 22: 3.4e-11, 23: 1.6e-11, 24: 7.6e-12, 25: 3.5e-12,
-                   26: 1.2e-12, 27: 6.9e-13, 28: 2.5e-13, 29: 1.2e-13, 30: 6.3e-14,
-                   31: 2.2e-14, 32: 1.2e-14}
-_SAFETY = 4.0
-ORDERS = tuple(sorted(_ERROR_BY_ORDER))
+# Worst relative L2 errors of phi and of grad phi measured per order p
+# (float64, every target of 1,000 sampled against the direct sum; N = 4,000
+# and 20,000, uniform square, circle and clusters, two draws each). The
+# error falls about 0.4x per order; the gradient's is 4-20x the potential's.
+_PHI_BY_ORDER = {4: 1.8e-03, 5: 3.6e-04, 6: 1.1e-04, 7: 3.1e-05, 8: 1.1e-05, 9: 3.7e-06,
+                 10: 1.4e-06, 11: 4.5e-07, 12: 1.6e-07, 13: 6.2e-08, 14: 2.6e-08, 15: 9.4e-09,
+                 16: 3.4e-09, 17: 1.4e-09, 18: 6.2e-10, 19: 2.5e-10, 20: 1.1e-10, 21: 3.8e-11,
+                 22: 1.6e-11, 23: 6.8e-12, 24: 2.9e-12, 25: 1.2e-12, 26: 4.9e-13, 27: 2.0e-13,
+                 28: 8.6e-14, 29: 4.0e-14, 30: 1.6e-14, 31: 7.2e-15, 32: 3.2e-15}
+_GRAD_BY_ORDER = {4: 6.7e-03, 5: 2.1e-03, 6: 7.1e-04, 7: 2.4e-04, 8: 9.0e-05, 9: 3.4e-05,
+                  10: 1.3e-05, 11: 5.2e-06, 12: 2.0e-06, 13: 8.4e-07, 14: 3.6e-07, 15: 1.4e-07,
+                  16: 6.0e-08, 17: 2.5e-08, 18: 1.1e-08, 19: 4.3e-09, 20: 1.4e-09, 21: 7.9e-10,
+                  22: 2.9e-10, 23: 1.1e-10, 24: 4.5e-11, 25: 3.0e-11, 26: 1.1e-11, 27: 4.4e-12,
+                  28: 1.7e-12, 29: 1.1e-12, 30: 3.7e-13, 31: 1.7e-13, 32: 7.3e-14}
+_SAFETY = 1.5
+ORDERS = tuple(sorted(_PHI_BY_ORDER))
 MAX_ORDER = ORDERS[-1]
 
 
-def _error_bound(p: int) -> float:
-    """The error the order rule assumes at order p."""
-    return _SAFETY * _ERROR_BY_ORDER[p]
+def _error_bound(p: int, gradient: bool = False) -> float:
+    """The error the order rule assumes at order p, of phi or (also) of grad phi."""
+    return _SAFETY * (_GRAD_BY_ORDER if gradient else _PHI_BY_ORDER)[p]
 
 
-# float32 rounding sets a floor near 5e-7 (measured, N = 4,000); p = 12 with
-# the margin gives 1.1e-6.
-EPS_FLOOR = {"float32": 3e-6, "float64": _error_bound(MAX_ORDER)}
+# float32 rounding sets a floor near 5e-7 (measured, N = 4,000). float64:
+# the potential's floor is kept where float64 rounding (about 1e-15, near
+# p = 34) leaves a margin; the gradient's is its bound at the largest order.
+EPS_FLOOR = {"float32": 3e-6, "float64": 4.8e-14}
+GRADIENT_EPS_FLOOR = {"float32": 3e-6, "float64": _error_bound(MAX_ORDER, True)}
 
 
 def leaf_size(p: int) -> int:
@@ -44,18 +50,20 @@ def leaf_size(p: int) -> int:
     return max(32, 2 * p)
 
 
-def order_for_eps(eps: float, dtype, points: float | None = None) -> int:
-    """Expansion order p for a requested relative L2 error eps.
+def order_for_eps(eps: float, dtype, points: float | None = None, gradient: bool = False) -> int:
+    """Expansion order p for a requested relative L2 error eps of phi (and,
+    with gradient, of grad phi).
 
     Raises ValueError if eps is below what `dtype` (or the largest tabulated
     order) can reach.
     """
-    return choose_order(eps, dtype, EPS_FLOOR, ORDERS, _error_bound, "the 2D Laplace family")
+    floor = GRADIENT_EPS_FLOOR if gradient else EPS_FLOOR
+    return choose_order(eps, dtype, floor, ORDERS, lambda p: _error_bound(p, gradient),
+                        "the 2D Laplace family" + (" for gradients" if gradient else ""))
 
 
 def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
            gradient: bool = True) -> Choice:
-    """Order (from eps, or `order` range-checked) and depth for these points;
-    one rule with or without the gradient, whose error at the order for
-    phi stays within eps (docs/BENCHMARKS.md)."""
-    return series_choice(order_for_eps, MAX_ORDER, leaf_size, eps, dtype, points, order)
+    """Order (from eps, or `order` range-checked) and depth for these points."""
+    return series_choice(functools.partial(order_for_eps, gradient=gradient), MAX_ORDER,
+                         leaf_size, eps, dtype, points, order)

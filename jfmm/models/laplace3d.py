@@ -1,6 +1,8 @@
 """The 3D Laplace family's error model: the order for eps, the leaf size."""
 from __future__ import annotations
 
+import functools
+
 from jfmm.models import Choice, Points, choose_order, series_choice
 
 
@@ -25,17 +27,23 @@ _SAFETY = 4.0
 # at the tail is scaled by 3,000 / sqrt(N M): a CI draw of 500 points at eps
 # 1e-7 (p = 18, depth 2) measured 2.4e-7, and 1.0e-7 / 2.2e-8 at p = 20 / 22.
 _TAIL_P30, _TAIL_RATE, _TAIL_MARGIN, _TAIL_POINTS = 3.9e-10, 0.69, 2.0, 3000
+# The gradient's typical relative error is about 3x the potential's at large
+# N (H100, 2^20 uniform float32: 1.14e-4 against 3.9e-5 at p = 8, 4.6e-6
+# against 1.6e-6 at p = 12; about equal at 20,000 points).
+_GRADIENT_FACTOR = 3.0
 ORDERS = tuple(sorted(_ERROR_BY_ORDER)) + (32, 34, 36)
 MAX_ORDER = ORDERS[-1]
 
 
-def _error_bound(p: int, points: float | None = None) -> float:
+def _error_bound(p: int, points: float | None = None, gradient: bool = False) -> float:
     """The error the order rule assumes at order p (typical and tail, with
-    margins) for sqrt(N M) = points (None: at least 3,000)."""
+    margins) for sqrt(N M) = points (None: at least 3,000), of phi or (also)
+    of its gradient."""
     tail = _TAIL_MARGIN * _TAIL_P30 * _TAIL_RATE ** (p - 30)
     if points is not None:
         tail *= max(1.0, _TAIL_POINTS / points)
-    return max(_SAFETY * _ERROR_BY_ORDER.get(p, 0.0), tail)
+    typical = _ERROR_BY_ORDER.get(p, 0.0) * (_GRADIENT_FACTOR if gradient else 1.0)
+    return max(_SAFETY * typical, tail)
 
 
 # float32 rounding sets a floor near 4e-7 (measured); p = 12 with the margin
@@ -52,20 +60,20 @@ def leaf_size(p: int) -> int:
     return max(32, int(0.5 * p * p))
 
 
-def order_for_eps(eps: float, dtype, points: float | None = None) -> int:
-    """Expansion order p for a requested relative L2 error eps, for N
-    sources and M targets with sqrt(N M) = points (None: large sets).
+def order_for_eps(eps: float, dtype, points: float | None = None, gradient: bool = False) -> int:
+    """Expansion order p for a requested relative L2 error eps of phi (and,
+    with gradient, of grad phi), for N sources and M targets with
+    sqrt(N M) = points (None: large sets).
 
     Raises ValueError if eps is below what `dtype` (or the largest tabulated
     order) can reach.
     """
-    return choose_order(eps, dtype, EPS_FLOOR, ORDERS, lambda p: _error_bound(p, points),
+    return choose_order(eps, dtype, EPS_FLOOR, ORDERS, lambda p: _error_bound(p, points, gradient),
                         "the 3D Laplace family")
 
 
 def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
            gradient: bool = True) -> Choice:
-    """Order (from eps, or `order` range-checked) and depth for these points;
-    one rule with or without the gradient, whose error at the order for
-    phi stays within eps (docs/BENCHMARKS.md)."""
-    return series_choice(order_for_eps, MAX_ORDER, leaf_size, eps, dtype, points, order)
+    """Order (from eps, or `order` range-checked) and depth for these points."""
+    return series_choice(functools.partial(order_for_eps, gradient=gradient), MAX_ORDER,
+                         leaf_size, eps, dtype, points, order)
