@@ -49,8 +49,8 @@ class Config:
     (for Chebyshev, nodes per dimension); depth: the tree depth (for the
     Gauss transform, its grid level); eps: the requested error; gradient:
     False where the order keeps phi's error alone within eps (a plan for
-    phi alone refuses gradients and derivatives along point moves); True
-    where it bounds grad phi's too, or the caller gave the order."""
+    phi alone refuses gradients and derivatives along point moves), True
+    where grad phi's too (a caller's order: asked for either)."""
     family: object
     order: int
     depth: int
@@ -150,10 +150,10 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     gauss = None
     if family == "hermite" or (family == "auto" and gaussian and order is None and eps
                                >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name]):
-        gauss = hermite_model.choose(kernel, eps, dtype, points, order,
+        gauss = hermite_model.choose(kernel, eps, dtype, points, order, gradient,
                                       explicit=family == "hermite")
     if family == "hermite":
-        return Config(gauss_family(dim), gauss.order, gauss.depth, eps)
+        return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
     try:
         choice = model.choose(kernel, eps, dtype, points, order, gradient)
     except ValueError:
@@ -164,8 +164,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
                                                               choice.depth):
         return Config(None, choice.order, choice.depth, eps)
     if gauss is not None:
-        return Config(gauss_family(dim), gauss.order, gauss.depth, eps)
-    return Config(fam, choice.order, choice.depth, eps, gradient or order is not None)
+        return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
+    return Config(fam, choice.order, choice.depth, eps, gradient)
 
 
 def _sampled(kernel, dim: int, order, family: str) -> bool:

@@ -188,3 +188,23 @@ def test_one_dtype_rule(rng):
         assert pl.eps == api._configure.DEFAULT_EPS[np.dtype(want).name]
         ref = reference(x, q, dtype=want)[0]
         assert rel(outs[0], ref) <= pl.eps and rel(outs[1], ref) <= pl.eps
+
+
+def test_a_plan_for_phi_refuses_gradients(rng):
+    """A plan made for phi alone (the default) has an order for phi's error:
+    it refuses gradients and derivatives along point moves, loudly; a plan
+    made with gradient=True gives both within eps."""
+    from conftest import radial_reference
+
+    x, q = jnp.asarray(points("cube", 1500, rng)), jnp.asarray(charges(1500, rng))
+    kernel, eps = kernels.Linear(), 1e-4
+    pl = jfmm.plan(x, kernel=kernel, eps=eps)
+    with pytest.raises(ValueError, match="gradient=True"):
+        pl.apply(q, gradient=True)
+    with pytest.raises(ValueError, match="gradient=True"):
+        jax.grad(lambda y: jnp.sum(pl.update(y).apply(q)))(x)
+    both = jfmm.plan(x, kernel=kernel, eps=eps, gradient=True)
+    assert both.order >= pl.order
+    phi, grad = both.apply(q, gradient=True)
+    ref, gref = radial_reference(kernel, np.asarray(x), np.asarray(q))
+    assert max(rel(pl.apply(q), ref), rel(phi, ref), rel(grad, gref)) <= eps

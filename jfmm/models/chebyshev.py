@@ -157,7 +157,10 @@ def far_field_error(kernel, dim: int, root_side: float, depth: int,
 # (clusters, whose far field is small, far less), grad 0.0003-0.067; in 2D
 # (n = 4-14) phi 0.05-1.45, grad 0.01-0.23, both largest at n = 13-14. The
 # gradient's relative error is 20-50x the potential's at the same n: a
-# potential alone needs one or two orders fewer.
+# potential alone needs one or two orders fewer. Below RATIO_POINTS points
+# a single source-target pair near two boxes' facing corners weighs more
+# (its error is fixed, |phi| grows like N): at N = 1,500 (depth 2) phi
+# measured up to 2.0 times its estimate, so the ratios grow like 1 / N there.
 # max_estimated: 2D saturates near 1e-13 (rounding) by n = 18; in 3D the
 # M2L matrices hold 317 k^2 values per level (k of the n^3 multi-indices
 # kept: 3.3 GB in float64 at n = 12, k = 1,142; orders above 12 are not
@@ -175,6 +178,7 @@ RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18,
                  max_estimated=18, phi_ratio=1.5, gradient_ratio=0.25),
          3: dict(error_scale=1.0, error_rate=0.25, min_order=4, max_order=10,
                  max_estimated=12, phi_ratio=0.4, gradient_ratio=0.07)}
+RATIO_POINTS = 8000
 # Rounding floors of the estimated rule (2D float64 measured: 1e-14 to 2e-13
 # at n = 16-18, docs/BENCHMARKS.md; 3D float32 at eps 3e-6 measured up to
 # 3.0e-6 over 2,000 uniform points, so float32 stops at 1e-5).
@@ -249,6 +253,8 @@ class Rule:
         """
         check_floor(eps, dtype, ROUNDING_FLOOR, f"the {self.dim}D Chebyshev family")
         budget = eps - ROUNDING_ERROR[jnp.dtype(dtype).name]
+        few = max(1.0, RATIO_POINTS / max(count, 1))
+        ratios = few * self.phi_ratio, few * self.gradient_ratio * gradient
         if root_side is None:
             # The worst over box sizes; no more than the worst-case rule's n.
             try:
@@ -268,7 +274,7 @@ class Rule:
                     estimates[depth] = np.max([far_field_error(kernel, self.dim, s, depth, m, cache)
                                                for (s, _), m in zip(cases, moments)], axis=0)
                 err = estimates[depth][:, n]
-                if max(self.phi_ratio * err[0], self.gradient_ratio * err[1] * gradient) <= budget:
+                if max(ratios[0] * err[0], ratios[1] * err[1]) <= budget:
                     return n if root_side is not None or cap is None else min(n, cap)
                 if root_side is None and n == cap:
                     return cap

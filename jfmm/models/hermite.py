@@ -22,7 +22,7 @@ from jfmm.tree import morton
 _NODES = 7                 # positions per box and axis in the uniform model
 PAIRS = 1024               # sample pairs of the points the estimate uses
 ESTIMATE_MARGIN = 4.0
-GRADIENT_SLACK = 5.0       # the gradient's estimate is held to 5 eps / margin
+GRADIENT_SLACK = 4.0       # where asked, the gradient's estimate is held to eps
 # float32: rounding of the moment sums and translations, with mixed-sign
 # charges whose sum cancels, measured up to 8e-6 beyond the truncation error
 # (3D, Gaussian(0.3) over clusters spanning 20 units, 1,500 points: 1.09e-5
@@ -125,10 +125,10 @@ class _Plan(NamedTuple):
     cost: float
 
 
-def _lowest_order(err, eps: float, order: int | None) -> int | None:
+def _lowest_order(err, eps: float, order: int | None, gradient: bool) -> int | None:
     """The lowest order (from 1; `order` only, if given) whose relative
-    errors err (2, p_cap) meet eps, or None."""
-    ok = np.maximum(err[0], err[1] / GRADIENT_SLACK) * ESTIMATE_MARGIN <= eps
+    errors err (2, p_cap) meet eps (phi's, and with gradient grad's), or None."""
+    ok = np.maximum(err[0], err[1] / GRADIENT_SLACK * gradient) * ESTIMATE_MARGIN <= eps
     if order is not None:
         ok[:order - 1] = False
     return int(np.argmax(ok)) + 1 if ok.any() else None
@@ -141,9 +141,10 @@ def _cost(d: int, n: int, p: int, n_points: int) -> float:
 
 
 def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: int,
-         order: int | None = None) -> _Plan | None:
+         order: int | None = None, gradient: bool = True) -> _Plan | None:
     """The cheapest (level L, order p) whose estimated errors meet eps:
-    max(err phi, err grad / GRADIENT_SLACK) <= eps / ESTIMATE_MARGIN,
+    max(err phi, err grad / GRADIENT_SLACK) <= eps / ESTIMATE_MARGIN (err
+    phi alone without gradient),
     with n^d p^d <= GRID_VALUES. With `order`, that p only. None if no
     (L, p) does (the caller falls back to another family); ValueError
     for an eps below the dtype's rounding floor.
@@ -172,13 +173,13 @@ def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: 
         # eps, or its lowest order already costs more than the best plan),
         # the pairs cannot bring it back.
         err = np.sqrt(_model_errors(rho, n, d, p_cap))    # (2, p_cap), orders 1..p_cap
-        p = _lowest_order(err, eps, order)
+        p = _lowest_order(err, eps, order, gradient)
         if p is None or best is not None and _cost(d, n, p, n_points) >= best.cost:
             continue
         err = np.maximum(err, np.sqrt(_pair_errors(sample.x[:PAIRS], sample.y[:PAIRS],
                                                    sample.lo, sample.side, level, epsilon,
                                                    p_cap)))
-        p = _lowest_order(err, eps, order)
+        p = _lowest_order(err, eps, order, gradient)
         if p is None:
             continue
         cost = _cost(d, n, p, n_points)
@@ -188,7 +189,7 @@ def plan(dim: int, eps: float, dtype, epsilon: float, sample: Sample, n_points: 
 
 
 def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
-           explicit: bool = False) -> Choice | None:
+           gradient: bool = True, explicit: bool = False) -> Choice | None:
     """(order, grid level) of the cheapest plan meeting eps, or None where
     none does or the points or epsilon are traced; explicit (the caller
     asked for this family): raise instead of None."""
@@ -200,7 +201,7 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
         return None
     order = checked_order(order, MAX_ORDER)
     best = plan(points.dim, eps, dtype, float(kernel.epsilon), points.sample,
-                points.n_points, order)
+                points.n_points, order, gradient)
     if best is None and explicit:
         raise ValueError(f"eps={eps:g} is below what the fast Gauss transform reaches for "
                          f"{kernel} on these points (order <= {MAX_ORDER}, grid of at "
