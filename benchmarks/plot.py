@@ -21,6 +21,10 @@ which are missing) and saved as a PNG in --docs:
   crossover.png      eager fmm over direct against N, per case, on the GPU
                      and the CPU (bench_crossover: crossover_gpu.json,
                      crossover_gpu2.json, crossover_cpu.json)
+  orders.png         every kernel's time, potential alone and with gradient,
+                     before and after the orders followed the outputs asked
+                     for, with the measured errors (bench_orders:
+                     orders_3d.json, orders_3d_before.json)
 """
 import argparse
 import json
@@ -28,6 +32,7 @@ import math
 import os
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -372,7 +377,39 @@ def crossover(data, docs):
     return True
 
 
-FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, crossover)
+def orders(data, docs):
+    found = load_all(data, ["orders_3d_before.json", "orders_3d.json"])
+    if len(found) < 2:
+        return False
+    (env0, before), (env1, after) = found["orders_3d_before.json"], found["orders_3d.json"]
+    key = lambda r: (r["kernel"], r["dtype"], r["gradient"])           # noqa: E731
+    old = {key(r): r for r in before}
+    cases = [(dt, g) for dt in DTYPES for g in (False, True)]
+    fig, axes = plt.subplots(1, len(cases), figsize=(16, 5), constrained_layout=True,
+                             sharey=True)
+    for ax, (dt, g) in zip(axes, cases):
+        rows = [r for r in after if r["dtype"] == dt and r["gradient"] == g and key(r) in old]
+        y = np.arange(len(rows))
+        ax.barh(y + 0.2, [old[key(r)]["total_ms"] for r in rows], 0.4, color="0.7",
+                label="before")
+        ax.barh(y - 0.2, [r["total_ms"] for r in rows], 0.4, color=COLOR[dt], label="after")
+        for yi, r in zip(y, rows):
+            err = max(r["err_phi"], r["err_grad"] or 0.0)
+            ax.text(r["total_ms"], yi - 0.2, f" n={r['order']}, {err:.0e}", va="center",
+                    fontsize=7)
+        ax.set_yticks(y, [r["kernel"] for r in rows])
+        ax.invert_yaxis()
+        eps = rows[0]["eps"] if rows else 0
+        ax.set(xlabel="ms (plan update + apply)",
+               title=f"{dt}, eps {eps:g}, {'potential and gradient' if g else 'potential'}")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Orders for the outputs asked for, N = 2^20 uniform 3D; labels: order, "
+                 "larger measured error; " + where([env0, env1]), fontsize=10)
+    save(fig, docs, "orders.png")
+    return True
+
+
+FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, crossover, orders)
 
 
 def main():
