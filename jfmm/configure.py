@@ -123,8 +123,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     its plan meets eps, else Chebyshev. Every other kernel: Chebyshev.
     Each family's order and depth come from its model (`jfmm.models`).
     sample: the points' `_pair_sample` where the caller drew it already.
-    gradient: whether grad phi's error must be within eps too (Chebyshev
-    then needs a higher order; the other families meet it at phi's).
+    gradient: whether grad phi's error must be within eps too (each
+    family's model then chooses for the larger of the two errors).
     Kernel parameters differentiated eagerly (jax.grad outside jit) choose
     by their values (`known_kernel`)."""
     kernel = known_kernel(kernel)
