@@ -4,6 +4,9 @@ The reference sums the inputs as the library received them: points and
 charges are rounded to the working dtype, then summed in float64 with numpy,
 so the error measured is the algorithm's, not the inputs' rounding.
 """
+import functools
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -27,11 +30,20 @@ def fmm_at_every_size(request, monkeypatch):
 
 
 @pytest.fixture(autouse=True, scope="module")
-def fresh_compilation_caches():
-    """Drop each module's compiled programs when it ends: a worker that
-    keeps every program of the suite grows by gigabytes."""
+def fresh_caches():
+    """Drop each module's compiled programs, remembered plans and cached
+    operators when it ends: a worker that keeps them all grows by
+    gigabytes."""
     yield
     jax.clear_caches()
+    from jfmm import api, configure
+    api._PLANS.clear()
+    configure._RESOLVED.clear()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("jfmm."):
+            for value in vars(module).values():
+                if isinstance(value, functools._lru_cache_wrapper):
+                    value.cache_clear()
 
 
 def points(kind: str, n: int, rng, dim: int = 3) -> np.ndarray:
