@@ -26,6 +26,8 @@ _SAFETY = 4.0
 # sqrt(N M) (N sources, M targets), so below the 3,000 points it was measured
 # at the tail is scaled by 3,000 / sqrt(N M): a CI draw of 500 points at eps
 # 1e-7 (p = 18, depth 2) measured 2.4e-7, and 1.0e-7 / 2.2e-8 at p = 20 / 22.
+# Above 3,000 points such pairs sit at many targets and their errors add in
+# quadrature against ||phi||, so the tail falls like 1 / sqrt(sqrt(N M)).
 _TAIL_P30, _TAIL_RATE, _TAIL_MARGIN, _TAIL_POINTS = 3.9e-10, 0.69, 2.0, 3000
 # The gradient's typical relative error is about 3x the potential's at large
 # N (H100, 2^20 uniform float32: 1.14e-4 against 3.9e-5 at p = 8, 4.9e-5
@@ -41,8 +43,8 @@ def _error_bound(p: int, points: float | None = None, gradient: bool = False) ->
     margins) for sqrt(N M) = points (None: at least 3,000), of phi or (also)
     of its gradient."""
     tail = _TAIL_MARGIN * _TAIL_P30 * _TAIL_RATE ** (p - 30)
-    if points is not None:
-        tail *= max(1.0, _TAIL_POINTS / points)
+    if points is not None:           # above 3,000 points: such pairs at many targets
+        tail *= (_TAIL_POINTS / points) ** (1.0 if points < _TAIL_POINTS else 0.5)
     typical = _ERROR_BY_ORDER.get(p, 0.0) * (_GRADIENT_FACTOR if gradient else 1.0)
     return max(_SAFETY * typical, tail)
 
