@@ -27,7 +27,9 @@ _SAFETY = 4.0
 # at the tail is scaled by 3,000 / sqrt(N M): a CI draw of 500 points at eps
 # 1e-7 (p = 18, depth 2) measured 2.4e-7, and 1.0e-7 / 2.2e-8 at p = 20 / 22.
 # Above 3,000 points such pairs sit at many targets and their errors add in
-# quadrature against ||phi||, so the tail falls like 1 / sqrt(sqrt(N M)).
+# quadrature against ||phi||, so the tail falls like 1 / sqrt(sqrt(N M)):
+# at 2^20 float64, eps 1e-8 and 1e-10 then take p = 22 and 30 (were 24 and
+# 36), measured phi 4.2e-10 and 5.4e-11, grad 8.5e-9 and 8.4e-11.
 _TAIL_P30, _TAIL_RATE, _TAIL_MARGIN, _TAIL_POINTS = 3.9e-10, 0.69, 2.0, 3000
 # The gradient's typical relative error is about 3x the potential's at large
 # N (H100, 2^20 uniform float32: 1.14e-4 against 3.9e-5 at p = 8, 4.9e-5
@@ -40,8 +42,8 @@ MAX_ORDER = ORDERS[-1]
 
 def _error_bound(p: int, points: float | None = None, gradient: bool = False) -> float:
     """The error the order rule assumes at order p (typical and tail, with
-    margins) for sqrt(N M) = points (None: at least 3,000), of phi or (also)
-    of its gradient."""
+    margins) for sqrt(N M) = points (None: the 3,000-point tail, a bound for
+    any larger set), of phi or (also) of its gradient."""
     tail = _TAIL_MARGIN * _TAIL_P30 * _TAIL_RATE ** (p - 30)
     if points is not None:           # above 3,000 points: such pairs at many targets
         tail *= (_TAIL_POINTS / points) ** (1.0 if points < _TAIL_POINTS else 0.5)
