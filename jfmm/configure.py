@@ -224,8 +224,9 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
     kernel = known_kernel(kernel)
     kernel_values = kernel_key(kernel)
     pts = [sources] + ([] if targets is None else [targets])
-    if kernel_values is None or not all(concrete(x) for x in pts):
-        gradient = gradient or not all(concrete(x) for x in pts)
+    traced = not all(concrete(x) for x in pts)
+    if kernel_values is None or traced:
+        gradient = gradient or traced
         return resolve(sources, targets, kernel, eps, leaf_size, order, family,
                        gradient=gradient)
     sample, (n_src, dim) = None, sources.shape

@@ -88,11 +88,11 @@ def choose_order(eps: float, dtype, eps_floor: dict, orders, error_bound, family
 
 
 def series_choice(order_for_eps, max_order: int, leaf_size, eps: float, dtype, points: Points,
-                  order: int | None) -> Choice:
+                  order: int | None, gradient: bool) -> Choice:
     """The Laplace series families' choice: the order from eps for
-    sqrt(N M) point pairs (or `order`, range-checked), the depth from its
-    leaf size."""
+    sqrt(N M) point pairs, of phi or also of grad phi (or `order`,
+    range-checked), the depth from its leaf size."""
     p = checked_order(order, max_order)
     if p is None:
-        p = order_for_eps(eps, dtype, (points.n_src * points.n_tgt) ** 0.5)
+        p = order_for_eps(eps, dtype, (points.n_src * points.n_tgt) ** 0.5, gradient)
     return Choice(p, depth_for(points, leaf_size(p)))

@@ -1,8 +1,6 @@
 """The 3D Laplace family's error model: the order for eps, the leaf size."""
 from __future__ import annotations
 
-import functools
-
 from jfmm.models import Choice, Points, choose_order, series_choice
 
 
@@ -80,5 +78,5 @@ def order_for_eps(eps: float, dtype, points: float | None = None, gradient: bool
 def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
            gradient: bool = True) -> Choice:
     """Order (from eps, or `order` range-checked) and depth for these points."""
-    return series_choice(functools.partial(order_for_eps, gradient=gradient), MAX_ORDER,
-                         leaf_size, eps, dtype, points, order)
+    return series_choice(order_for_eps, MAX_ORDER, leaf_size, eps, dtype, points, order,
+                         gradient)
