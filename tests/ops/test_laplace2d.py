@@ -216,7 +216,8 @@ def _check_fmm(x, q, y, eps, dtype):
     """FMM in dtype against jfmm.direct in float64 on the rounded inputs."""
     x, q = np.asarray(x, dtype), np.asarray(q, dtype)
     y = None if y is None else np.asarray(y, dtype)
-    p = model.order_for_eps(eps, dtype, gradient=True)
+    p = model.order_for_eps(eps, dtype, (len(x) * (len(x) if y is None else len(y))) ** 0.5,
+                            gradient=True)
     phi, grad = _fmm(jnp.asarray(x), jnp.asarray(q), None if y is None else jnp.asarray(y),
                      p=p, depth=3)
     assert phi.dtype == grad.dtype == dtype
