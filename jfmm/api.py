@@ -84,8 +84,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     L2 error of phi over the targets, and of grad phi where gradient=True or
     the points are traced (a transformation may move them; float32 Chebyshev
     gradients carry rounding errors of 2e-5 to 3e-4, growing with N) (None:
-    1e-5 in float32, 1e-6 in float64; an eps the dtype cannot reach raises
-    ValueError), leaf_size, the mean points per leaf the tree depth aims
+    1e-5 in float32, or the family's floor where higher, 1e-6 in float64; an
+    eps the dtype cannot reach raises ValueError), leaf_size, the mean points per leaf the tree depth aims
     at, and order, which overrides the expansion order chosen from eps.
 
     jit-able with eps, gradient, leaf_size and the kernel's structure static;
@@ -117,7 +117,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     dimension). Smallest eps, each tested at that value: float64 3D
     Laplace 8.5e-11, 2D Laplace 4.8e-14, Chebyshev 1e-12 in 2D and 1e-10 in
     3D where the kernel's estimate reaches them; float32 3e-6 for the
-    Laplace series, 1e-5 for Chebyshev (and Gaussians below 2e-5).
+    Laplace series, 2e-5 for Chebyshev and the fast Gauss transform.
     Inside jit with traced points a Gaussian gets Chebyshev: to keep the
     transform under jit, make a plan outside it and call `Plan.update` and
     `Plan.apply` inside.

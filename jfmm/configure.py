@@ -41,6 +41,16 @@ FAMILIES = ("auto", "chebyshev", "hermite")
 DEFAULT_EPS = {"float32": 1e-5, "float64": 1e-6}
 
 
+def default_eps(kernel, dim: int, dtype, family: str = "auto") -> float:
+    """eps where the caller gives none: DEFAULT_EPS, or the floor of the
+    family that sums the kernel where that is higher (float32: 2e-5 for
+    Chebyshev and the fast Gauss transform)."""
+    dt = jnp.dtype(dtype).name
+    floors = (hermite_model.ROUNDING_FLOOR if family == "hermite"
+              else _FLOORS[_tree_family(kernel, dim, family)[0].NAME])
+    return max(DEFAULT_EPS[dt], floors[dt])
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """A resolved configuration (hashable: a static argument of jit).
@@ -131,8 +141,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     n_src, dim = sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
     dtype = sources.dtype
-    eps = DEFAULT_EPS[jnp.dtype(dtype).name] if eps is None else eps
     family = _check_family(family)
+    eps = default_eps(kernel, dim, dtype, family) if eps is None else eps
     gaussian = isinstance(kernel, _kernels.Gaussian)
     if family == "hermite" and not gaussian:
         raise ValueError(f"family 'hermite' (the fast Gauss transform) sums the Gaussian "
@@ -231,7 +241,7 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                        gradient=gradient)
     sample, (n_src, dim) = None, sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
-    eps_ = DEFAULT_EPS[jnp.dtype(sources.dtype).name] if eps is None else eps
+    eps_ = default_eps(kernel, dim, sources.dtype, _check_family(family)) if eps is None else eps
     direct = _direct(kernel, dim, sources.dtype, n_src, n_tgt, eps_, order, leaf_size, family)
     if not direct and (_sampled(kernel, dim, order, _check_family(family))
                        or isinstance(kernel, _kernels.Gaussian)):

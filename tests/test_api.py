@@ -185,7 +185,7 @@ def test_one_dtype_rule(rng):
         pl = jfmm.plan(x, leaf_size=16)
         outs = (jfmm.fmm(x, q, leaf_size=16), pl.apply(q), jfmm.direct(x, q))
         assert [o.dtype for o in outs] == [want] * 3
-        assert pl.eps == api._configure.DEFAULT_EPS[np.dtype(want).name]
+        assert pl.eps == api._configure.default_eps(kernels.Laplace3D(), 3, want)
         ref = reference(x, q, dtype=want)[0]
         assert rel(outs[0], ref) <= pl.eps and rel(outs[1], ref) <= pl.eps
 

@@ -47,9 +47,10 @@ def test_float32_without_x64(rng, tmp_path):
     for name, kern in (("laplace", K.Laplace3D()), ("imq", K.InverseMultiquadric(2.0))):
         got = out[name]
         assert got["dtype"] == ["float32"] * 4
-        assert got["eps"] == 1e-5                                  # float32's default eps
+        eps = 1e-5 if name == "laplace" else 2e-5      # float32's default; Chebyshev's floor
+        assert got["eps"] == eps
         ref, gref = radial_reference(kern, x32, q32, y32)
-        assert rel(got["phi"], ref) <= 1e-5, (name, rel(got["phi"], ref))
+        assert rel(got["phi"], ref) <= eps, (name, rel(got["phi"], ref))
         assert rel(got["grad"], gref) <= 1e-4, (name, rel(got["grad"], gref))
-        assert rel(got["plan"], ref) <= 1e-5
+        assert rel(got["plan"], ref) <= eps
         assert rel(got["direct"], ref) <= 1e-5                     # float32 rounding of 3,000 terms

@@ -69,28 +69,31 @@ def test_eps_ends_2d(eps, kernel, rng):
     (K.Cubic(), "cluster", np.float64, 1e-5, False),
 ], ids=lambda v: type(v).__name__ if isinstance(v, K.Kernel) else None)
 def test_orders_spend_what_eps_allows(kernel, kind, dtype, eps, gradient, rng):
-    """The order chosen for phi (and grad where asked) meets eps, and on
-    uniform and sphere points spends no more than that: its error is above
-    eps / 5, or one order less errs above eps / 3 (the spread of measured /
-    estimated errors between kernels, which a rule that never exceeds eps
-    must leave). Clustered points, whose far field the estimate overrates,
-    get eps alone. 8,000 points: below that the rule is more careful (one
-    pair can weigh more), and below ~10^4 the direct sum is the default."""
-    n = 8000
-    x, q = points(kind, n, rng).astype(dtype), charges(n, rng).astype(dtype)
+    """The order chosen for phi (and grad where asked) meets eps for each of
+    four charge draws, and on uniform and sphere points spends no more than
+    that: the worst draw's error is above eps / 5, or one order less errs
+    above eps / 10 in the worst of these draws (the rule holds the
+    1-in-1,000 draw to eps: Linear's errors spread 6x between draws, and
+    measured / estimated errors 3x between kernels).
+    Clustered points, whose far field the estimate overrates, get eps
+    alone. 8,000 points: below that the rule is more careful (one pair can
+    weigh more), and below ~10^4 the direct sum is the default."""
+    n, draws = 8000, 4
+    x, q = points(kind, n, rng).astype(dtype), charges(n, rng, draws).astype(dtype)
     ref, gref = radial_reference(kernel, x, q)
 
     def error(order):
         phi, grad = jfmm.fmm(x, q, kernel=kernel, gradient=True, order=order,
                              family="chebyshev")
-        return max(rel(phi, ref), rel(grad, gref) if gradient else 0.0)
+        return max(max(rel(phi[:, c], ref[:, c]), rel(grad[:, c], gref[:, c]) if gradient else 0)
+                   for c in range(draws))
 
     chosen = jfmm.plan(x, kernel=kernel, eps=eps, gradient=gradient)
     assert chosen.family == "chebyshev" and chosen.tree.depth >= 2
     err = error(chosen.order)
     assert err <= eps, err
     if kind != "cluster" and chosen.order > chebyshev_model.RULES[3]["min_order"]:
-        assert err > eps / 5 or error(chosen.order - 1) > eps / 3, (chosen.order, err)
+        assert err > eps / 5 or error(chosen.order - 1) > eps / 10, (chosen.order, err)
 
 
 def test_kernel_parameter_gradients(rng):
@@ -132,15 +135,16 @@ def test_kernel_parameter_gradient_below_the_worst_case_rule(rng):
     assert abs(got - want) <= 1e-8 * abs(want)
 
 
-@pytest.mark.parametrize("kernel,kind", [(K.Gaussian(1.0), "cube"), (K.Cubic(), "cluster")],
+@pytest.mark.parametrize("kernel,kind,eps", [(K.Gaussian(1.0), "cube", 1e-8),
+                                             (K.Cubic(), "cluster", 3e-7)],
                          ids=["Gaussian-cube", "Cubic-cluster"])
-def test_3d_beyond_the_worst_case_rule(kernel, kind, rng):
-    """eps = 1e-8 in 3D: below the worst-case rule's floor (9.5e-7), reached
-    by the order from the error estimate for this kernel and points."""
+def test_3d_beyond_the_worst_case_rule(kernel, kind, eps, rng):
+    """eps below the worst-case rule's 3D floor (9.5e-7), reached by the
+    order from the error estimate for this kernel and points."""
     fam = chebyshev_model.rule(3)
     with pytest.raises(ValueError, match="reaches"):
-        fam.order(1e-8, np.float64)
-    _check(kernel, 3, kind, False, 1e-8, rng, n=700, family="chebyshev")
+        fam.order(eps, np.float64)
+    _check(kernel, 3, kind, False, eps, rng, n=700, family="chebyshev")
 
 
 def test_estimated_order_under_jit(rng):

@@ -105,18 +105,63 @@ def _tails_squared(kernel, dim: int, side: float) -> np.ndarray:
     return out
 
 
-def pair_moments(kernel, r2, side: float, dim: int, count: int) -> tuple[float, float]:
-    """mean K(r)^2 and mean K'(r)^2 over the pairs of `count` points: sample
-    pairs (squared distances r2) farther apart than side / 8, plus pairs
-    closer than that as for uniform points in a root box of `side`, density
-    S_d r^(d-1) / side^d, integrated over a geometric grid of r down to half
-    their mean spacing (too few close pairs fall in a sample for a kernel
-    much narrower than the box; clustered points have more of them, so this
-    errs low: the estimate high; the spacing keeps a singular K'^2 finite)."""
+# The relative error's denominator is |phi| for the charges of the call,
+# which the plan does not know. For random mixed-sign charges |phi|^2 =
+# sum_i s_i^2 z_i^2 over the singular values s_i of the pair matrix K(|y -
+# x|), z_i about standard normal: where a few smooth modes dominate (kernels
+# that grow with r: Linear, thin-plate, multiquadrics) one draw in a
+# thousand gives |phi| 3-4x below its mean (and charges summing to zero
+# remove the largest mode outright). The estimate divides by that lower
+# quantile of |phi|^2, not its mean.
+_QUANTILE = 1e-3
+_GRAM_POINTS = 256
+_MODES = 24
+
+
+def _low_quantile(gram: np.ndarray) -> float:
+    """The _QUANTILE quantile of sum_i p_i z_i^2 (z_i standard normal, p_i
+    the eigenvalues of the Gram matrix M^T M of a pair matrix M) over its
+    mean sum_i p_i: the largest _MODES terms drawn, the rest at their mean
+    (fixed draws: a deterministic factor in (0, 1])."""
+    total = float(np.trace(gram))
+    if not total > 0:
+        return 1.0
+    top = np.clip(np.linalg.eigvalsh(gram)[::-1][:_MODES], 0.0, None)
+    rest = max(total - top.sum(), 0.0)
+    return float(np.quantile(_chi_draws()[:, :top.size] @ top + rest, _QUANTILE) / total)
+
+
+@functools.lru_cache(maxsize=None)
+def _chi_draws() -> np.ndarray:
+    """(20000, _MODES) squares of fixed standard normal draws."""
+    return np.random.default_rng(0).standard_normal((20000, _MODES)) ** 2
+
+
+def pair_moments(kernel, x: np.ndarray, y: np.ndarray, side: float, dim: int,
+                 count: int) -> tuple[float, float]:
+    """The lower-quantile mean K(r)^2 and K'(r)^2 over the pairs of `count`
+    points, from sample pairs (sources x, targets y: (S, d) float64).
+
+    Pairs farther apart than side / 8 are sampled; their mean is scaled by
+    `_low_quantile` of the singular values of the pair matrix between the
+    first _GRAM_POINTS sources and targets. Pairs closer than that count as
+    for uniform points in a root box of `side`, density S_d r^(d-1) /
+    side^d, integrated over a geometric grid of r down to half their mean
+    spacing (too few close pairs fall in a sample for a kernel much narrower
+    than the box; clustered points have more of them, so this errs low: the
+    estimate high; the spacing keeps a singular K'^2 finite)."""
     cut = side / 8
-    r2 = np.asarray(r2, np.float64)
+    r2 = np.sum((y - x) ** 2, axis=-1)
     far = np.sqrt(r2[r2 > cut * cut])
     sampled = [float(np.sum(v ** 2)) / r2.shape[0] for v in _radial(kernel, far)]
+    g = min(_GRAM_POINTS, x.shape[0])
+    diff = y[:g, None, :] - x[None, :g, :]                             # (g, g, d)
+    r = np.sqrt(np.sum(diff ** 2, axis=-1))
+    keep = r > cut
+    k, dk = (np.where(keep, np.nan_to_num(v), 0.0) for v in _radial(kernel, np.where(keep, r, side)))
+    unit = diff / np.where(keep, r, 1.0)[..., None]
+    grad = np.moveaxis(dk[..., None] * unit, 2, 1).reshape(g * dim, g)   # (g d, g)
+    factors = [_low_quantile(k.T @ k), _low_quantile(grad.T @ grad)]
     spacing = 0.5 * side * max(count, 1) ** (-1.0 / dim)
     steps = np.arange(240) / 4.0                      # r from cut down to cut 2^-60
     r = cut * 2.0 ** -steps
@@ -124,7 +169,7 @@ def pair_moments(kernel, r2, side: float, dim: int, count: int) -> tuple[float, 
     density = (2 * np.pi if dim == 2 else 4 * np.pi) * r ** dim / side ** dim
     dlog = np.log(2.0) / 4
     close = [float(np.sum(np.nan_to_num(v ** 2) * density) * dlog) for v in _radial(kernel, r)]
-    return sampled[0] + close[0], sampled[1] + close[1]
+    return tuple(f * s + c for f, s, c in zip(factors, sampled, close))
 
 
 def far_field_error(kernel, dim: int, root_side: float, depth: int,
@@ -153,9 +198,10 @@ def far_field_error(kernel, dim: int, root_side: float, depth: int,
 # and, where the gradient is asked for, gradient_ratio err grad <= eps. The
 # ratios bound the measured / estimated errors over every kernel of
 # benchmarks/calibrate_chebyshev.py (N = 8,000, float64, uniform, sphere and
-# clustered points; docs/BENCHMARKS.md): in 3D (n = 4-9) phi 0.06-0.37
-# (clusters, whose far field is small, far less), grad 0.0003-0.067; in 2D
-# (n = 4-14) phi 0.05-1.45, grad 0.01-0.23, both largest at n = 13-14. The
+# clustered points, the worst of 8 charge draws; docs/BENCHMARKS.md): in 3D
+# (n = 4-8) phi 0.04-0.35 (clusters, whose far field is small, far less),
+# grad 0.0003-0.071; in 2D (n = 4-14) phi 0.02-0.86, grad 0.003-0.096, both
+# largest at n = 13 (float64 gradients below 1e-11 are rounding). The
 # gradient's relative error is 20-50x the potential's at the same n: a
 # potential alone needs one or two orders fewer. Below RATIO_POINTS points
 # a single source-target pair near two boxes' facing corners weighs more
@@ -175,16 +221,19 @@ def far_field_error(kernel, dim: int, root_side: float, depth: int,
 # is about a box side. 3D orders 8-10 were measured on the seven hardest
 # kernels of n = 7. Orders below min_order were not measured.
 RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18,
-                 max_estimated=18, phi_ratio=1.5, gradient_ratio=0.25),
+                 max_estimated=18, phi_ratio=1.0, gradient_ratio=0.12),
          3: dict(error_scale=1.0, error_rate=0.25, min_order=4, max_order=10,
-                 max_estimated=12, phi_ratio=0.4, gradient_ratio=0.07)}
+                 max_estimated=12, phi_ratio=0.4, gradient_ratio=0.08)}
 RATIO_POINTS = 8000
 # Rounding floors of the estimated rule (2D float64 measured: 1e-14 to 2e-13
-# at n = 16-18, docs/BENCHMARKS.md; 3D float32 at eps 3e-6 measured up to
-# 3.0e-6 over 2,000 uniform points, so float32 stops at 1e-5).
-ROUNDING_FLOOR = {"float32": 1e-5, "float64": 1e-12}
+# at n = 16-18, docs/BENCHMARKS.md). float32's rounding error, like the
+# truncation's, is relative to |phi|, which some mixed-sign charges make
+# small: Multiquadric(1) on 2,000 points of a sphere measured 5e-7 to 9.1e-6
+# over 40 charge draws at n = 6-8 (the absolute error constant) and once
+# 1.07e-5, so float32 stops at 2e-5.
+ROUNDING_FLOOR = {"float32": 2e-5, "float64": 1e-12}
 # The rounding error the truncation's share of eps leaves room for.
-ROUNDING_ERROR = {"float32": 3e-6, "float64": 0.0}
+ROUNDING_ERROR = {"float32": 1.1e-5, "float64": 0.0}
 # Root box sides tried where the points are traced (the kernel's own length
 # scale is unknown): 4^-10 .. 4^10.
 _TRACED_SIDES = tuple(4.0 ** k for k in range(-10, 11))
@@ -199,10 +248,11 @@ def _float64():
     return ctx(True)
 
 
-def _model_pairs(dim: int, count: int = 4096) -> np.ndarray:
-    """Squared distances of `count` pairs of uniform points in the unit cube."""
+@functools.lru_cache(maxsize=None)
+def _model_pairs(dim: int, count: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """`count` sample pairs (x, y) of uniform points in the unit cube."""
     rng = np.random.default_rng(0)
-    return np.sum((rng.random((count, dim)) - rng.random((count, dim))) ** 2, axis=-1)
+    return rng.random((count, dim)), rng.random((count, dim))
 
 
 class Rule:
@@ -239,15 +289,15 @@ class Rule:
                                   f"the {self.dim}D Chebyshev family")
 
     def order_for(self, eps: float, dtype, kernel, depth_of, root_side=None,
-                  pair_r2=None, gradient: bool = True, count: int = 1) -> int:
+                  pairs=None, gradient: bool = True, count: int = 1) -> int:
         """n for a relative L2 error eps from `far_field_error`: the
         smallest n whose estimates, phi_ratio err phi and (gradient)
         gradient_ratio err grad, are <= eps less the dtype's rounding error.
 
         kernel: concrete parameters; depth_of(n): the tree depth at n;
         count: the points' number (the larger of sources and targets);
-        root_side and pair_r2 (squared distances of sample pairs of the
-        points): None where the points are traced, and then the worst of
+        root_side and pairs (sample pairs of the points: sources and
+        targets, (S, d) each): None where the points are traced, and then the worst of
         uniform points in root boxes of sides _TRACED_SIDES. ValueError if
         no n reaches eps, or eps is below the dtype's ROUNDING_FLOOR.
         """
@@ -261,11 +311,11 @@ class Rule:
                 cap = self.order(eps, dtype)
             except ValueError:
                 cap = None
-            cases = [(s, _model_pairs(self.dim) * s * s) for s in _TRACED_SIDES]
+            cases = [(s, tuple(v * s for v in _model_pairs(self.dim))) for s in _TRACED_SIDES]
         else:
-            cases = [(float(root_side), np.asarray(pair_r2, np.float64))]
+            cases = [(float(root_side), tuple(np.asarray(v, np.float64) for v in pairs))]
         with _float64(), jax.ensure_compile_time_eval():
-            moments = [pair_moments(kernel, r2, s, self.dim, count) for s, r2 in cases]
+            moments = [pair_moments(kernel, *xy, s, self.dim, count) for s, xy in cases]
             estimates, cache = {}, {}
             best = None
             for n in self.ESTIMATED_ORDERS:
@@ -308,9 +358,8 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
     n = checked_order(order, r.MAX_ORDER)
     if n is None and kernel.is_concrete():
         sample = points.sample
-        side, r2 = (None, None) if sample is None else (
-            sample.side, np.sum((sample.y - sample.x) ** 2, axis=-1))
-        n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side, r2,
+        side, pairs = (None, None) if sample is None else (sample.side, (sample.x, sample.y))
+        n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side, pairs,
                         gradient, max(points.n_src, points.n_tgt))
     elif n is None:
         try:
