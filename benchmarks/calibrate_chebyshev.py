@@ -1,8 +1,9 @@
 """The Chebyshev error model against measurement: for each kernel, point
 distribution and order n (forced), the estimated and measured relative L2
 errors of phi and grad phi (float64, errors over 1,000 targets against the
-float64 direct sum, the largest over --draws charge vectors) and their ratios, from which the model's margins are
-set (`jfmm.models.chebyshev`). CPU is enough.
+float64 direct sum, the largest over --draws charge vectors) and their
+ratios, from which the model's margins are set (`jfmm.models.chebyshev`).
+CPU is enough.
 
     python benchmarks/calibrate_chebyshev.py --dim 3 --n 8000 --orders 4-9 --out cal.json
 """

@@ -85,8 +85,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     the points are traced (a transformation may move them; float32 Chebyshev
     gradients carry rounding errors of 2e-5 to 3e-4, growing with N) (None:
     1e-5 in float32, or the family's floor where higher, 1e-6 in float64; an
-    eps the dtype cannot reach raises ValueError), leaf_size, the mean points per leaf the tree depth aims
-    at, and order, which overrides the expansion order chosen from eps.
+    eps the dtype cannot reach raises ValueError), leaf_size, the mean
+    points per leaf the tree depth aims at, and order, which overrides the
+    expansion order chosen from eps.
 
     jit-able with eps, gradient, leaf_size and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes

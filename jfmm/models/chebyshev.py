@@ -143,8 +143,8 @@ def pair_moments(kernel, x: np.ndarray, y: np.ndarray, side: float, dim: int,
     points, from sample pairs (sources x, targets y: (S, d) float64).
 
     Pairs farther apart than side / 8 are sampled; their mean is scaled by
-    `_low_quantile` of the singular values of the pair matrix between the
-    first _GRAM_POINTS sources and targets. Pairs closer than that count as
+    `_low_quantile` of the pair matrices (K, and K' times the unit vectors)
+    between the first _GRAM_POINTS sources and targets. Pairs closer than that count as
     for uniform points in a root box of `side`, density S_d r^(d-1) /
     side^d, integrated over a geometric grid of r down to half their mean
     spacing (too few close pairs fall in a sample for a kernel much narrower
@@ -158,7 +158,8 @@ def pair_moments(kernel, x: np.ndarray, y: np.ndarray, side: float, dim: int,
     diff = y[:g, None, :] - x[None, :g, :]                             # (g, g, d)
     r = np.sqrt(np.sum(diff ** 2, axis=-1))
     keep = r > cut
-    k, dk = (np.where(keep, np.nan_to_num(v), 0.0) for v in _radial(kernel, np.where(keep, r, side)))
+    k, dk = (np.where(keep, np.nan_to_num(v), 0.0)
+             for v in _radial(kernel, np.where(keep, r, side)))
     unit = diff / np.where(keep, r, 1.0)[..., None]
     grad = np.moveaxis(dk[..., None] * unit, 2, 1).reshape(g * dim, g)   # (g d, g)
     factors = [_low_quantile(k.T @ k), _low_quantile(grad.T @ grad)]
@@ -297,8 +298,8 @@ class Rule:
         kernel: concrete parameters; depth_of(n): the tree depth at n;
         count: the points' number (the larger of sources and targets);
         root_side and pairs (sample pairs of the points: sources and
-        targets, (S, d) each): None where the points are traced, and then the worst of
-        uniform points in root boxes of sides _TRACED_SIDES. ValueError if
+        targets, (S, d) each): None where the points are traced, and then
+        the worst of uniform points in root boxes of sides _TRACED_SIDES. ValueError if
         no n reaches eps, or eps is below the dtype's ROUNDING_FLOOR.
         """
         check_floor(eps, dtype, ROUNDING_FLOOR, f"the {self.dim}D Chebyshev family")
@@ -359,8 +360,8 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
     if n is None and kernel.is_concrete():
         sample = points.sample
         side, pairs = (None, None) if sample is None else (sample.side, (sample.x, sample.y))
-        n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side, pairs,
-                        gradient, max(points.n_src, points.n_tgt))
+        n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side,
+                        pairs, gradient, max(points.n_src, points.n_tgt))
     elif n is None:
         try:
             n = r.order(eps, dtype)
