@@ -83,7 +83,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     or the name of one without parameters), plus eps, the requested relative
     L2 error of phi over the targets, and of grad phi where gradient=True or
     the points are traced (a transformation may move them; float32 Chebyshev
-    gradients carry rounding errors of 2e-5 to 3e-4, growing with N) (None:
+    gradients carry rounding errors of 2e-5 to 3e-4, growing with N, and
+    float64 ones up to 2e-11 in 2D) (None:
     1e-5 in float32, or the family's floor where higher, 1e-6 in float64; an
     eps the dtype cannot reach raises ValueError), leaf_size, the mean
     points per leaf the tree depth aims at, and order, which overrides the

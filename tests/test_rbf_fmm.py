@@ -70,7 +70,7 @@ def test_eps_ends_2d(eps, kernel, rng):
 ], ids=lambda v: type(v).__name__ if isinstance(v, K.Kernel) else None)
 def test_orders_spend_what_eps_allows(kernel, kind, dtype, eps, gradient, rng):
     """The order chosen for phi (and grad where asked) meets eps for each of
-    four charge draws, and on uniform and sphere points spends no more than
+    two charge draws, and on uniform and sphere points spends no more than
     that: the worst draw's error is above eps / 5, or one order less errs
     above eps / 10 in the worst of these draws (the rule holds the
     1-in-1,000 draw to eps: Linear's errors spread 6x between draws, and
@@ -78,7 +78,7 @@ def test_orders_spend_what_eps_allows(kernel, kind, dtype, eps, gradient, rng):
     Clustered points, whose far field the estimate overrates, get eps
     alone. 8,000 points: below that the rule is more careful (one pair can
     weigh more), and below ~10^4 the direct sum is the default."""
-    n, draws = 8000, 4
+    n, draws = 8000, 2
     x, q = points(kind, n, rng).astype(dtype), charges(n, rng, draws).astype(dtype)
     ref, gref = radial_reference(kernel, x, q)
 
