@@ -249,11 +249,27 @@ def _float64():
     return ctx(True)
 
 
-@functools.lru_cache(maxsize=None)
 def _model_pairs(dim: int, count: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """`count` sample pairs (x, y) of uniform points in the unit cube."""
     rng = np.random.default_rng(0)
     return rng.random((count, dim)), rng.random((count, dim))
+
+
+def _traced_moments(kernel, dim: int, count: int) -> list:
+    """`pair_moments` of uniform points in root boxes of sides _TRACED_SIDES
+    (float64), remembered for hashable kernels: every trace of a jitted
+    call with traced points asks again, and the 21 Gram matrices take
+    about 0.3 s."""
+    try:
+        return _remembered_traced_moments(kernel, dim, count)
+    except TypeError:                   # array-valued parameters
+        return _remembered_traced_moments.__wrapped__(kernel, dim, count)
+
+
+@functools.lru_cache(maxsize=64)
+def _remembered_traced_moments(kernel, dim: int, count: int) -> list:
+    x, y = _model_pairs(dim)
+    return [pair_moments(kernel, x * s, y * s, s, dim, count) for s in _TRACED_SIDES]
 
 
 class Rule:
@@ -312,18 +328,20 @@ class Rule:
                 cap = self.order(eps, dtype)
             except ValueError:
                 cap = None
-            cases = [(s, tuple(v * s for v in _model_pairs(self.dim))) for s in _TRACED_SIDES]
+            sides = _TRACED_SIDES
         else:
-            cases = [(float(root_side), tuple(np.asarray(v, np.float64) for v in pairs))]
+            sides = (float(root_side),)
         with _float64(), jax.ensure_compile_time_eval():
-            moments = [pair_moments(kernel, *xy, s, self.dim, count) for s, xy in cases]
+            moments = (_traced_moments(kernel, self.dim, count) if root_side is None else
+                       [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
+                                     sides[0], self.dim, count)])
             estimates, cache = {}, {}
             best = None
             for n in self.ESTIMATED_ORDERS:
                 depth = depth_of(n)
                 if depth not in estimates:
                     estimates[depth] = np.max([far_field_error(kernel, self.dim, s, depth, m, cache)
-                                               for (s, _), m in zip(cases, moments)], axis=0)
+                                               for s, m in zip(sides, moments)], axis=0)
                 err = estimates[depth][:, n]
                 if max(ratios[0] * err[0], ratios[1] * err[1]) <= budget:
                     return n if root_side is not None or cap is None else min(n, cap)
