@@ -12,6 +12,7 @@ Uniform points in the unit cube, float64, tol 1e-6 by default. Writes JSON
 (one record per run) for docs/BENCHMARKS.md.
 """
 import argparse
+import itertools
 import json
 import platform
 import time
@@ -75,11 +76,13 @@ def gradient_cost(interp, x, fx, repeat: int) -> dict:
     return out
 
 
-def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False) -> dict:
+def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False,
+        epsilon: float | None = None, smoothing: float = 0.0, maxiter: int = 300) -> dict:
     y, d, x, fx = data(n)
-    eps = EPSILON.get(kernel)
+    eps = EPSILON.get(kernel) if epsilon is None else epsilon
+    opts = dict(kernel=kernel, epsilon=eps, smoothing=smoothing, tol=tol, maxiter=maxiter)
     t0 = time.perf_counter()
-    interp = jfmm.RBFInterpolator(y, d, kernel=kernel, epsilon=eps, tol=tol)
+    interp = jfmm.RBFInterpolator(y, d, **opts)
     jax.block_until_ready(interp._coeffs)
     first = time.perf_counter() - t0
     refit = jax.jit(lambda it, d: it.fit(d=d))
@@ -91,7 +94,7 @@ def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False) -> dic
         jax.block_until_ready(out._coeffs)
         times.append(time.perf_counter() - t)
     t = time.perf_counter()
-    again = jfmm.RBFInterpolator(y, d, kernel=kernel, epsilon=eps, tol=tol)
+    again = jfmm.RBFInterpolator(y, d, **opts)
     jax.block_until_ready(again._coeffs)
     construct = time.perf_counter() - t
     setup = construct
@@ -107,7 +110,8 @@ def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False) -> dic
     pred = jax.block_until_ready(interp(x))
     evaluate = time.perf_counter() - t
     extra = gradient_cost(interp, x, fx, repeat) if grad else {}
-    return dict(kernel=kernel, n=n, tol=tol, method=interp.method, **extra,
+    return dict(kernel=kernel, n=n, tol=tol, epsilon=eps, smoothing=smoothing,
+                method=interp.method, **extra,
                 levels=[int(l.points.shape[0]) for l in (interp._levels or [])],
                 iterations=int(interp.iterations), residual=float(interp.residual),
                 rms_error=rms_error(pred, fx), first_call_s=first,
@@ -123,19 +127,25 @@ def main():
     ap.add_argument("--kernels", nargs="+", default=["linear", "thin_plate_spline"])
     ap.add_argument("--tol", type=float, default=1e-6)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--epsilon", type=float, nargs="+", default=[None],
+                    help="shape parameters (default: 5 for the kernels that need one)")
+    ap.add_argument("--smoothing", type=float, nargs="+", default=[0.0])
+    ap.add_argument("--maxiter", type=int, default=300)
     ap.add_argument("--grad", action="store_true",
                     help="also time a validation loss's gradient in (epsilon, smoothing)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
-    for kernel in args.kernels:
-        for n in args.sizes:
-            try:
-                row = run(kernel, n, args.tol, args.repeat, args.grad)
-            except Exception as e:          # a failed solve is a result too
-                row = dict(kernel=kernel, n=n, tol=args.tol, error=str(e)[:300])
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    for kernel, eps, smoothing, n in itertools.product(args.kernels, args.epsilon,
+                                                       args.smoothing, args.sizes):
+        try:
+            row = run(kernel, n, args.tol, args.repeat, args.grad, eps, smoothing,
+                      args.maxiter)
+        except Exception as e:          # a failed solve is a result too
+            row = dict(kernel=kernel, n=n, tol=args.tol, epsilon=eps, smoothing=smoothing,
+                       error=str(e)[:300])
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)
