@@ -207,20 +207,23 @@ def _pair_weight(p: int) -> np.ndarray:
 # trailing zero. The (i, c) tables depend on p alone and are built once.
 
 
-def _h_part(a: int, b: int, want_im: bool, conj: bool, size: int):
-    """(index into real-layout H, sign) giving Re/Im of (conj?) H_a^b."""
-    if a < 0 or abs(b) > a:
-        return size, 0.0  # zero slot
-    sign = 1.0
-    if b < 0:  # H^{-b} = (-1)^b conj(H^b)
-        sign = (-1.0) ** b
-        conj = not conj
-        b = -b
-    if not want_im:
-        return _index(a, b, 0), sign
-    if b == 0:
-        return size, 0.0
-    return _index(a, b, 1), (-sign if conj else sign)
+def _flat_index(n, m, part):
+    """`_index` over arrays."""
+    return n * n + np.where(m == 0, 0, 2 * m - 1 + part)
+
+
+def _h_part(a, b, want_im, conj, size: int):
+    """(index into real-layout H, sign) giving Re/Im of (conj?) H_a^b, over
+    integer arrays a, b and boolean arrays want_im, conj (index `size`,
+    sign 0 where the harmonic is zero)."""
+    neg = b < 0                                   # H^{-b} = (-1)^b conj(H^b)
+    sign = np.where(neg & (b % 2 == 1), -1.0, 1.0)
+    conj = conj ^ neg
+    b = np.abs(b)
+    index = _flat_index(a, b, want_im.astype(np.int64))
+    sign = np.where(want_im & conj, -sign, sign)
+    zero = (a < 0) | (b > a) | (want_im & (b == 0))
+    return np.where(zero, size, index), np.where(zero, 0.0, sign)
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,58 +236,70 @@ def _translation_tables(p: int, kind: str):
     and < 2p - 1 for m2l (irregular).
     """
     q = 2 * p - 1 if kind == "m2l" else p
-    size = q * q
-    P = p * p
-    idx = np.full((2, P, P), size, np.int32)
-    coef = np.zeros((2, P, P))
+    size, P = q * q, p * p
+    # Every (n, m, k, l) with 0 <= m <= n < p, 0 <= l <= k < p.
+    deg = np.arange(p)
+    nm = np.array([(n, m) for n in deg for m in range(n + 1)])
+    out, inp = np.repeat(nm, len(nm), axis=0), np.tile(nm, (len(nm), 1))
+    n, m, k, l = out[:, 0], out[:, 1], inp[:, 0], inp[:, 1]
 
-    def g(n, m, k, l):
-        """(c, a, b, conj) for the complex coefficient of in_k^l in out_n^m."""
+    def g(sign_l):
+        """(c, a, b, conj) of the complex coefficient of in_k^(sign_l l) in out_n^m."""
+        ll = sign_l * l
         if kind == "m2m":
-            return 2.0 ** -k, n - k, m - l, True
+            return 2.0 ** -k, n - k, m - ll, True
         if kind == "l2l":
-            return 2.0 ** -(n + 1), k - n, l - m, True
+            return 2.0 ** -(n + 1.0), k - n, ll - m, True
         if kind == "shift":
-            return 1.0, k - n, l - m, True
-        return (-1.0) ** n, k + n, l + m, False  # m2l: out index (n,m) <- in (k,l)
+            return np.ones(len(n)), k - n, ll - m, True
+        return (-1.0) ** n, k + n, ll + m, False  # m2l: out index (n, m) <- in (k, l)
 
-    def add(want_im, row, col, term, scale):
+    gp, gm = g(1), g(-1)
+    sl = np.where(l % 2 == 1, -1.0, 1.0)
+    a_col, b_col = _flat_index(k, l, 0), _flat_index(k, l, 1)
+    parts = []                          # (want_im, row, col, term, scale) per case
+
+    def add(mask, want_im, row, col, term, scale):
         c, a, b, conj = term
-        i, s = _h_part(a, b, want_im, conj, size)
-        if s == 0.0 or c * scale == 0.0:
-            return
-        k = 0 if idx[0, row, col] == size else 1  # at most two terms land on one entry
-        idx[k, row, col] = i
-        coef[k, row, col] = c * s * scale
+        parts.append((mask, np.broadcast_to(want_im, n.shape), row, col,
+                       np.broadcast_to(c, n.shape), a, b, conj,
+                       np.broadcast_to(scale, n.shape)))
 
-    for n in range(p):
-        for m in range(n + 1):
-            for k in range(p):
-                for l in range(k + 1):
-                    gp = g(n, m, k, l)
-                    gm = g(n, m, k, -l)
-                    sl = (-1.0) ** l
-                    rows = [(0, _index(n, m, 0))] + ([(1, _index(n, m, 1))] if m else [])
-                    for out_im, row in rows:
-                        a_col = _index(k, l, 0)
-                        if l == 0:
-                            # Re out += gr a ; Im out += gi a
-                            add(out_im, row, a_col, gp, 1.0)
-                            continue
-                        b_col = _index(k, l, 1)
-                        if not out_im:
-                            # Re: a (gr + g'r) + b (-gi + g'i), g' = (-1)^l g(m,-l)
-                            add(False, row, a_col, gp, 1.0)
-                            add(False, row, a_col, gm, sl)
-                            add(True, row, b_col, gp, -1.0)
-                            add(True, row, b_col, gm, sl)
-                        else:
-                            # Im: a (gi + g'i) + b (gr - g'r)
-                            add(True, row, a_col, gp, 1.0)
-                            add(True, row, a_col, gm, sl)
-                            add(False, row, b_col, gp, 1.0)
-                            add(False, row, b_col, gm, -sl)
-    return idx, coef
+    zero_l = l == 0
+    for out_im in (False, True):
+        row = _flat_index(n, m, int(out_im))
+        rows = np.ones_like(zero_l) if not out_im else m > 0
+        # l = 0: Re/Im out += g a
+        add(rows & zero_l, out_im, row, a_col, gp, 1.0)
+        if not out_im:   # Re: a (gr + g'r) + b (-gi + g'i), g' = (-1)^l g(m, -l)
+            terms = ((False, a_col, gp, 1.0), (False, a_col, gm, sl),
+                     (True, b_col, gp, -1.0), (True, b_col, gm, sl))
+        else:            # Im: a (gi + g'i) + b (gr - g'r)
+            terms = ((True, a_col, gp, 1.0), (True, a_col, gm, sl),
+                     (False, b_col, gp, 1.0), (False, b_col, gm, -sl))
+        for want_im, col, term, scale in terms:
+            add(rows & ~zero_l, want_im, row, col, term, scale)
+
+    rows_, cols_, vals_, hidx_ = [], [], [], []
+    for mask, want_im, row, col, c, a, b, conj, scale in parts:
+        i, s_ = _h_part(a[mask], b[mask], want_im[mask], np.full(mask.sum(), conj), size)
+        v = c[mask] * s_ * scale[mask]
+        nz = v != 0.0
+        rows_.append(row[mask][nz]), cols_.append(col[mask][nz])
+        vals_.append(v[nz]), hidx_.append(i[nz])
+    row, col = np.concatenate(rows_), np.concatenate(cols_)
+    val, hid = np.concatenate(vals_), np.concatenate(hidx_)
+    flat = row * P + col
+    order = np.argsort(flat, kind="stable")
+    flat, val, hid = flat[order], val[order], hid[order]
+    first = np.r_[True, flat[1:] != flat[:-1]]
+    slot = np.where(first, 0, 1)             # at most two terms land on one entry
+    assert np.all(first | np.r_[True, first[:-1]]), "three terms on one matrix entry"
+    idx = np.full((2, P * P), size, np.int32)
+    coef = np.zeros((2, P * P))
+    idx[slot, flat] = hid
+    coef[slot, flat] = val
+    return idx.reshape(2, P, P), coef.reshape(2, P, P)
 
 
 def _apply_tables(h, p: int, kind: str):
