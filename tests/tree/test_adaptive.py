@@ -1,0 +1,136 @@
+"""The adaptive tree and its U, V, W, X lists against brute force: every
+pair of leaves covered exactly once, balance, colleagues, leaf contents."""
+import jax
+import numpy as np
+import pytest
+
+from jfmm.tree import adaptive, lists
+
+
+def clustered(n, rng, dim):
+    """Clusters whose widths span 6 orders of magnitude, and 5% outliers."""
+    centres = rng.random((4, dim))
+    width = 10.0 ** -rng.integers(1, 7, n)
+    x = centres[rng.integers(0, 4, n)] + width[:, None] * rng.normal(size=(n, dim))
+    x[: n // 20] = rng.random((n // 20, dim)) * 10
+    return x
+
+
+def point_sets(dim, rng):
+    line = np.zeros((150, dim))
+    line[:, 0] = rng.random(150)
+    dup = np.repeat(rng.random((10, dim)), 12, axis=0)
+    return {"clustered": (clustered(200, rng, dim), None),
+            "line": (line, None),
+            "duplicates": (dup, None),
+            "clustered-to-uniform": (clustered(150, rng, dim), rng.random((100, dim)))}
+
+
+def geometry(tree):
+    """Integer coordinates and levels of the valid boxes (numpy)."""
+    t = jax.tree_util.tree_map(np.asarray, tree)
+    bits = lists.child_bits(tree.dim)
+    slot = np.asarray(tree.slot())
+    coords = np.zeros((tree.n_boxes, tree.dim), np.int64)
+    for b in range(tree.n_boxes):
+        if t.valid[b] and t.parent[b] < tree.n_boxes:
+            coords[b] = 2 * coords[t.parent[b]] + bits[slot[b]]
+    return t, coords
+
+
+def box_bounds(t, coords, top):
+    """Integer [lo, hi] corners of every box on the grid of level `top`."""
+    scale = 2 ** (top - t.level.astype(np.int64))[:, None]
+    return coords * scale, (coords + 1) * scale
+
+
+def ancestor_table(t):
+    """(B, depth + 1) each box's ancestors and itself, padded with B."""
+    total = len(t.valid)
+    table = [np.arange(total)]
+    while True:
+        up = np.where(table[-1] < total, t.parent[np.minimum(table[-1], total - 1)], total)
+        if np.all(up == total):
+            return np.stack(table, axis=1)
+        table.append(up)
+
+
+def histogram(rows, total):
+    return np.bincount(rows[rows < total].ravel(), minlength=total + 1)
+
+
+def all_lists(tree):
+    return (adaptive.u_list(tree), adaptive.v_list(tree), adaptive.w_list(tree),
+            adaptive.x_list(tree))
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_lists_cover_every_leaf_pair_once(dim, rng):
+    for name, (src, tgt) in point_sets(dim, rng).items():
+        caps = adaptive.capacities(src, tgt, 8)
+        build = jax.jit(adaptive.build, static_argnums=(2, 3)) if name == "line" else adaptive.build
+        tree = build(src, tgt, 8, caps)                 # eager and under jit alike
+        assert not bool(tree.overflow), name
+        t, coords = geometry(tree)
+        total = tree.n_boxes
+        leaves = np.nonzero(t.leaf)[0]
+        lev = t.level
+
+        # Leaves tile the root box and hold their own points: at most 8 of
+        # each kind unless those coincide.
+        assert np.sum(2.0 ** (-dim * lev[leaves])) == pytest.approx(1.0), name
+        lo, side = np.asarray(tree.lo, np.float64), float(tree.side)
+        for perm, start, pts in ((t.src_perm, t.src_start, src),
+                                 (t.tgt_perm, t.tgt_start, src if tgt is None else tgt)):
+            assert start[total] == len(pts)
+            for b in leaves:
+                own = pts[perm[start[b]:start[b + 1]]]
+                assert len(own) <= 8 or np.ptp(own, axis=0).max() == 0, name
+                # inside the leaf, up to float32 rounding of the coordinates
+                pos = (own - lo) / side * 2.0 ** lev[b] - coords[b]
+                slack = 2.0 ** lev[b] * 2e-7
+                assert np.all((pos >= -slack) & (pos <= 1 + slack)), name
+
+        top = int(lev.max())
+        blo, bhi = box_bounds(t, coords, top)
+
+        def touch(a, b):
+            """(len(a), len(b)) whether boxes a and b share at least a corner."""
+            return np.all((blo[a][:, None] <= bhi[b][None]) & (blo[b][None] <= bhi[a][:, None]),
+                          axis=-1)
+
+        # Balance: touching leaves differ by at most one level.
+        pick = rng.choice(leaves, min(len(leaves), 400), replace=False)
+        gap = np.abs(lev[pick][:, None] - lev[leaves][None])
+        assert np.all(gap[touch(pick, leaves)] <= 1), name
+
+        # Colleagues: every valid same-level box that touches, itself included.
+        valid = np.nonzero(t.valid)[0]
+        some = rng.choice(valid, min(len(valid), 400), replace=False)
+        same = touch(some, valid) & (lev[some][:, None] == lev[valid][None])
+        for row, b in enumerate(some):
+            got = t.colleagues[b][t.colleagues[b] < total]
+            assert sorted(got) == list(valid[same[row]]), name
+
+        # Every ordered pair of leaves is covered exactly once: directly (U),
+        # or by one V pair of ancestors, a W box above the source, an X box
+        # above the target (all source leaves, a sample of target leaves).
+        u, (v, _), w, x = jax.tree_util.tree_map(np.asarray, jax.jit(all_lists)(tree))
+        anc = ancestor_table(t)
+        near = touch(pick, leaves)
+        for row, tb in enumerate(pick):
+            up = anc[tb][anc[tb] < total]
+            far = histogram(v[up], total) + histogram(w[tb], total)   # boxes above sources
+            direct = histogram(u[tb], total)[leaves]
+            got = direct + histogram(x[up], total)[leaves] + far[anc[leaves]].sum(axis=1)
+            assert np.all(got == 1), (name, tb, got)
+            assert np.all(direct == near[row]), name
+
+
+def test_overflow_is_set_when_capacities_are_short(rng):
+    x = clustered(150, rng, 2)
+    caps = adaptive.capacities(x, None, 8)
+    short = caps[:-1] + (caps[-1] // 2,)             # caps round the need up to 2^k
+    assert bool(adaptive.build(x, None, 8, short).overflow)
+    assert bool(adaptive.build(x, None, 8, caps[:-1]).overflow)
+    assert not bool(adaptive.build(x, None, 8, caps).overflow)
