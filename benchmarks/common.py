@@ -78,7 +78,9 @@ def rel(a, b) -> float:
 def make_points(kind: str, n: int, rng, dim: int = 3) -> np.ndarray:
     """n points, float64: "cube" (uniform in [0, 1]^dim), "sphere" (uniform on
     the sphere, or circle, of radius 0.5 about the cube's centre) or
-    "plummer" (Plummer's model, radii clipped at 100; 3D only)."""
+    "plummer" (Plummer's model, radii clipped at 100; 3D only) or
+    "clusters" (5 Gaussian clusters of sd 0.01 in [0, 1]^dim, 2% of the
+    points uniform over [0, 10]^dim)."""
     if kind == "cube":
         return rng.random((n, dim))
     if kind == "sphere":
@@ -88,7 +90,12 @@ def make_points(kind: str, n: int, rng, dim: int = 3) -> np.ndarray:
         r = 1.0 / np.sqrt(rng.random(n) ** (-2.0 / 3.0) - 1.0)
         v = rng.normal(size=(n, 3))
         return np.clip(r, 0, 100)[:, None] * v / np.linalg.norm(v, axis=1, keepdims=True)
-    raise ValueError(f"points {kind!r} in {dim}D: use cube, sphere or (3D) plummer")
+    if kind == "clusters":
+        x = rng.random((5, dim))[rng.integers(0, 5, n)] + 0.01 * rng.normal(size=(n, dim))
+        out = rng.random(n) < 0.02
+        x[out] = 10 * rng.random((int(out.sum()), dim))
+        return x
+    raise ValueError(f"points {kind!r} in {dim}D: use cube, sphere, clusters or (3D) plummer")
 
 
 def sample(rng, n: int, k: int = 1000) -> np.ndarray:
