@@ -389,7 +389,7 @@ _fit = jax.jit(lambda it, d, epsilon, smoothing: it.fit(d, epsilon, smoothing))
 
 def _bucket(m: int) -> int:
     """The evaluation size for m targets: 256, or the next 2^k or 1.5 x 2^k
-    (at most a third more work)."""
+    (at most half as much work again)."""
     size = 256
     while size < m:
         size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
