@@ -135,27 +135,11 @@ class AdaptiveTree:
     def n_boxes(self) -> int:
         return self.offsets[-1]
 
-    @property
-    def depth(self) -> int:
-        return len(self.offsets) - 2
-
     def slot(self):
         """(B,) child slot of each box within its parent."""
         local = jnp.arange(self.n_boxes, dtype=jnp.int32) - jnp.asarray(self.offsets[:-1],
                                                                           jnp.int32)[self.level]
         return local % (2 ** self.dim)
-
-    def centers(self):
-        """(B, dim) box centres (integer coordinates rebuilt from the slots)."""
-        bits = jnp.asarray(lists.child_bits(self.dim))
-        coords = jnp.zeros((self.n_boxes + 1, self.dim), jnp.int32)
-        slot = self.slot()
-        for l in range(1, self.depth + 1):
-            a, b = self.offsets[l], self.offsets[l + 1]
-            par = jnp.minimum(self.parent[a:b], self.n_boxes)
-            coords = coords.at[a:b].set(2 * coords[par] + bits[slot[a:b]])
-        side = self.side / 2.0 ** self.level.astype(self.lo.dtype)
-        return self.lo + (coords[:-1].astype(self.lo.dtype) + 0.5) * side[:, None]
 
 
 def _level_step(state, l, leaf_size, cap_next):
@@ -234,17 +218,20 @@ def _root_state(sources, targets):
 _step = jax.jit(_level_step, static_argnums=(2, 3))
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _refine(state, l, leaf_size: int, size_next: int):
-    """`_level_step` with 2^d child slots per box (one compiled step per
-    level size), the next level then trimmed to size_next slots."""
-    ways = 2 ** state[2].shape[1]
-    split, first, valid, parent, coll, box, made = _step(state, l, leaf_size,
-                                                         ways * state[3].shape[0])
+@functools.partial(jax.jit, static_argnums=(1,))
+def _trim(step, size_next: int):
+    """A `_level_step` result with its next level cut to size_next slots."""
+    split, first, valid, parent, coll, box, made = step
     coll = coll[:size_next]
     return (split, jnp.where(first < size_next, first, size_next), valid[:size_next],
             parent[:size_next], jnp.where(coll >= size_next, size_next, coll),
             jnp.where(box < size_next, box, -1), made)
+
+
+def _full_step(state, l, leaf_size: int):
+    """`_level_step` with 2^d child slots per box: one compiled step per
+    level size."""
+    return _step(state, l, leaf_size, 2 ** state[2].shape[1] * state[3].shape[0])
 
 
 def capacities(sources, targets, leaf_size: int) -> tuple:
@@ -254,11 +241,12 @@ def capacities(sources, targets, leaf_size: int) -> tuple:
                               None if targets is None else jnp.asarray(targets))
     caps, l = [1], 0
     while True:
-        made = int(_step(state, l, leaf_size, 2 ** state[2].shape[1] * caps[-1])[-1])
+        step = _full_step(state, l, leaf_size)
+        made = int(step[-1])
         if made == 0:
             return tuple(caps)
         caps.append(1 << (made - 1).bit_length())
-        _, _, valid, _, coll, box, _ = _refine(state, l, leaf_size, caps[-1])
+        _, _, valid, _, coll, box, _ = _trim(step, caps[-1])
         state = (box, state[1], state[2], valid, coll)
         l += 1
 
@@ -280,8 +268,8 @@ def build(sources, targets, leaf_size: int, caps: tuple) -> AdaptiveTree:
     for l, cap in enumerate(caps):
         box, _, _, valid, coll = state
         cap_next = caps[l + 1] if l + 1 < len(caps) else 0
-        split, first, nvalid, nparent, ncoll, nbox, made = _refine(state, l, leaf_size,
-                                                                   cap_next)
+        split, first, nvalid, nparent, ncoll, nbox, made = _trim(
+            _full_step(state, l, leaf_size), cap_next)
         overflow = overflow | (made > cap_next)
         off, nxt = offsets[l], offsets[l + 1]
         levels.append(jnp.full(cap, l, jnp.int32))
