@@ -15,6 +15,7 @@ from jfmm import primitive as _primitive
 from jfmm import tree as _tree
 from jfmm.configure import Config
 from jfmm.ops import backend
+from jfmm.tree import adaptive as _adaptive
 
 
 # ------------------------------------------------------------------ direct
@@ -76,7 +77,7 @@ _fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode"))
 
 
 def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
-        gradient=False, *, leaf_size=None, order=None, family=None):
+        gradient=False, *, leaf_size=None, order=None, family=None, tree="auto"):
     """Fast multipole sum phi(y_j) = sum_i q_i K(|y_j - x_i|).
 
     Same arguments and shapes as `direct` (kernel: a `jfmm.kernels` kernel,
@@ -109,6 +110,15 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     values choose the order, inside it a rule for any value (`order=`
     reaches below its floor).
 
+    Trees: tree="uniform" cuts the root box into equal leaves, depth levels
+    deep; tree="adaptive" splits boxes while they hold more than a leaf's
+    points (`jfmm.tree.adaptive`), so clustered points cost about what
+    uniform ones do; "auto" (the default) builds an adaptive tree where the
+    points crowd the uniform one (`configure.choose_tree`). Adaptive trees
+    are sized from concrete points: inside jit a traced call keeps the
+    uniform tree, which no input of given shapes can overflow; make an
+    adaptive plan outside jit and move its points with `Plan.update`.
+
     Families and orders (`jfmm.configure.resolve`): spherical harmonics for
     Laplace3D, complex series for Laplace2D, the fast Gauss transform or
     the near field alone for Gaussians where they meet eps, Chebyshev
@@ -127,7 +137,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
     # The same jax arrays as a checked earlier call: its plan, without checks.
-    opts = (eps, leaf_size, order, family, gradient)
+    opts = (eps, leaf_size, order, family, gradient, tree)
     known = _eager_plan(sources, targets, kernel, *opts, make=False)
     if known is not None:
         return known.apply(charges, gradient)
@@ -137,16 +147,22 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         remembered = _eager_plan(sources, targets, kernel, *opts)
         if remembered is not None:
             return remembered.apply(charges, gradient)
-    config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
-    phi, grad = _call(_fmm_jits, sources, q, targets, kernel, config=config,
-                      gradient=gradient, mode=backend.current())
+    config = _configure.resolve_eager(sources, targets, kernel, *opts[:-1])   # remembered
+    config = _configure.choose_tree(config, sources, targets, tree)
+    if config.tree == "adaptive":
+        pl = _new_plan(sources, targets, kernel, config, order)
+        phi, grad = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
+    else:
+        phi, grad = _call(_fmm_jits, sources, q, targets, kernel, config=config,
+                          gradient=gradient, mode=backend.current())
     return _inputs.finish(phi, grad, layout, gradient)
 
 
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls
 
 
-def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, make=True):
+def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree,
+                make=True):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
     options, made on the second (make=False: only one made before); None on
@@ -156,7 +172,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
     if (values is None or not _configure.concrete(jnp.zeros(()))
             or not all(isinstance(x, jax.Array) and _configure.concrete(x) for x in pts)):
         return None
-    options = (values, eps, leaf_size, order, family, gradient, targets is None)
+    options = (values, eps, leaf_size, order, family, gradient, tree, targets is None)
     for i, (refs, opts, pl) in enumerate(_PLANS):
         if opts == options and all(r() is x for r, x in zip(refs, pts)):
             break
@@ -168,7 +184,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
         return None
     if pl is None and make:
         pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order,
-                  family=family, gradient=gradient)
+                  family=family, gradient=gradient, tree=tree)
         _PLANS[i] = (refs, opts, pl)
     return pl
 
@@ -183,13 +199,16 @@ class Plan:
     """A built tree plus operators, to apply to many charge vectors.
 
     Static (changing them recompiles): the configuration (family, order,
-    depth, eps: `jfmm.configure.Config`) and the tree's dim.
+    depth, eps, tree kind: `jfmm.configure.Config`) and the tree's static
+    sizes (dim; an adaptive tree's leaf size and capacities).
     Arrays: the tree, the kernel's parameters, the translation operators.
 
-    overflow: always False (a uniform-depth tree has no capacity data can
-    exceed); adaptive trees, sized from data, will report one here.
+    overflow: whether the tree's points need more room than it was sized
+    for: never for a uniform tree; an adaptive one sets it when
+    `update` moves the points beyond its capacities. A plan that overflowed
+    returns NaN under jit and raises from an eager `apply`.
     """
-    tree: _tree.Tree
+    tree: _tree.Tree | _adaptive.AdaptiveTree
     kernel: _kernels.Kernel
     ops: object
     config: Config
@@ -200,13 +219,17 @@ class Plan:
 
     @property
     def overflow(self):
-        return jnp.zeros((), bool)
+        return getattr(self.tree, "overflow", jnp.zeros((), bool))
 
     def apply(self, charges, gradient=False):
         """phi (and grad) for charges (N,) or (N, k); see `fmm`."""
         if gradient and not self.config.gradient:
             raise ValueError("this plan's order keeps phi's error within eps, not the "
                              "gradient's: make it with jfmm.plan(..., gradient=True)")
+        if _configure.concrete(self.overflow) and bool(self.overflow):
+            raise RuntimeError("the points moved beyond the capacities this plan's adaptive "
+                               "tree was sized for (Plan.update): make a new plan from them "
+                               "with jfmm.plan(...)")
         q, layout = _inputs.charges_of(charges, self.tree.src_perm.shape[0],
                                        self.tree.src_sorted.dtype)
         phi, grad = _call(_apply_jits, self, q, gradient=gradient, mode=backend.current())
@@ -215,7 +238,9 @@ class Plan:
     def update(self, sources, targets=None):
         """Rebuild the tree for new points of the same shapes (jit-able).
 
-        The family, order and depth stay the plan's, chosen for the points
+        An adaptive tree keeps its capacities and sets `overflow` where the
+        new points need more. The family, order and depth stay the plan's,
+        chosen for the points
         it was made with: kernels with a length scale (Chebyshev's order,
         the fast Gauss transform's grid level and order) keep their
         accuracy for new points of about the same extent, not for points
@@ -228,7 +253,11 @@ class Plan:
 
         sources = checked("sources", sources, self.tree.src_sorted)
         targets = None if targets is None else checked("targets", targets, self.tree.tgt_sorted)
-        return dataclasses.replace(self, tree=_build_jit(sources, targets, self.tree.depth))
+        if isinstance(self.tree, _adaptive.AdaptiveTree):
+            tree = _adaptive_jit(sources, targets, self.tree.leaf_size, self.tree.caps)
+        else:
+            tree = _build_jit(sources, targets, self.tree.depth)
+        return dataclasses.replace(self, tree=tree)
 
 
 def _apply(plan_, charges, gradient, mode):
@@ -237,18 +266,32 @@ def _apply(plan_, charges, gradient, mode):
 
 _apply_jits = backend.jits(_apply, ("gradient", "mode"))
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
+_adaptive_jit = jax.jit(_adaptive.build, static_argnums=(2, 3))
+
+
+def _new_plan(sources, targets, kernel, config: Config, order=None) -> Plan:
+    """The plan of a configuration: its tree (an adaptive one sized from
+    these concrete points, and the order for it) and operators."""
+    if config.tree == "adaptive":
+        caps = _adaptive.capacities(sources, targets, config.leaf)
+        tree = _adaptive_jit(sources, targets, config.leaf, caps)
+        config = _configure.on_tree(config, tree, kernel, sources, targets, order)
+    else:
+        tree = _build_jit(sources, targets, config.depth)
+    return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config)
 
 
 def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_size=None,
-         order=None, family=None, gradient=False):
+         order=None, family=None, gradient=False, tree="auto"):
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`.
     gradient=True: an order whose gradients (`apply(q, gradient=True)`,
-    derivatives along point moves) meet eps too; else phi's alone."""
+    derivatives along point moves) meet eps too; else phi's alone. tree:
+    "uniform", "adaptive" or "auto" (see `fmm`)."""
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)      # the points set the dtype
     sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient)
-    tree = _build_jit(sources, targets, config.depth)
-    return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config)
+    return _new_plan(sources, targets, kernel,
+                     _configure.choose_tree(config, sources, targets, tree), order)

@@ -29,6 +29,7 @@ import numpy as np
 from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm._compat import Tracer, known_value
+from jfmm.tree import adaptive as _adaptive
 from jfmm.models import Points, Sample, check_floor
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
@@ -38,6 +39,15 @@ from jfmm.ops import chebyshev, hermite, laplace2d, laplace3d
 from jfmm.tree import lists
 
 FAMILIES = ("auto", "chebyshev", "hermite")
+TREES = ("auto", "uniform", "adaptive")
+# tree="auto" on concrete points builds an adaptive tree where the uniform
+# tree of the chosen depth would do this many times the near-field work it
+# does on evenly spread points (`jfmm.tree.crowding`); measured on the GPU
+# (docs/BENCHMARKS.md, "Adaptive tree").
+CROWDING = 3.0
+# An adaptive tree's leaves hold at most this many times the uniform tree's
+# mean points per leaf (on uniform points the two trees then coincide).
+ADAPTIVE_LEAF = 2
 DEFAULT_EPS = {"float32": 1e-5, "float64": 1e-6}
 
 
@@ -60,12 +70,17 @@ class Config:
     Gauss transform, its grid level); eps: the requested error; gradient:
     False where the order keeps phi's error alone within eps (a plan for
     phi alone refuses gradients and derivatives along point moves), True
-    where grad phi's too (a caller's order: asked for either)."""
+    where grad phi's too (a caller's order: asked for either); tree:
+    "uniform" (depth levels) or "adaptive" (`jfmm.tree.adaptive`, leaves of
+    at most `leaf` points that are not coincident; depth is then the
+    uniform tree's, which the orders were chosen for)."""
     family: object
     order: int
     depth: int
     eps: float
     gradient: bool = True
+    tree: str = "uniform"
+    leaf: int = 0
 
     @property
     def name(self) -> str:
@@ -92,6 +107,77 @@ def check_eps(eps):
         raise TypeError(f"eps must be a Python float (it is static), got {type(eps).__name__}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
+
+
+def _check_tree(tree) -> str:
+    if tree not in TREES:
+        raise ValueError(f"tree must be one of {TREES}, got {tree!r}")
+    return tree
+
+
+def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
+    """The configuration on the tree `tree` asks for ("auto": adaptive
+    where the points crowd the uniform tree, CROWDING). Only the series
+    and Chebyshev families with far fields run on adaptive trees (the fast
+    Gauss transform has its grid; the near field alone and the direct sum
+    keep the uniform boxes their choice was made for). Adaptive trees are
+    sized from concrete points: traced points keep the uniform tree, and
+    tree="adaptive" raises for them."""
+    tree = _check_tree(tree)
+    pts = [sources] + ([] if targets is None else [targets])
+    fits = (config.family is not None and config.family.SCHEME == "tree"
+            and config.depth >= 2)
+    if tree == "uniform" or not fits:
+        if tree == "adaptive":
+            raise ValueError(f"tree='adaptive' needs a far field of the series or Chebyshev "
+                             f"families; this call sums with {config.name!r} "
+                             f"(depth {config.depth})")
+        return config
+    if not all(concrete(x) for x in pts):
+        if tree == "adaptive":
+            raise ValueError("an adaptive tree is sized from concrete points: make it outside "
+                             "jit with jfmm.plan(..., tree='adaptive') and move its points "
+                             "inside with Plan.update")
+        return config
+    if tree == "auto":
+        with jax.ensure_compile_time_eval():
+            crowded = float(_tree.crowding(sources, targets, config.depth)) > CROWDING
+        if not crowded:
+            return config
+    count = max(x.shape[0] for x in pts)
+    leaf = max(8, ADAPTIVE_LEAF * -(-count // 2 ** (sources.shape[1] * config.depth)))
+    return dataclasses.replace(config, tree="adaptive", leaf=leaf)
+
+
+def on_tree(config: Config, tree, kernel, sources, targets, order=None) -> Config:
+    """The configuration for a built adaptive tree: the Chebyshev family's
+    order from the error of the levels this tree translates at, weighed by
+    the pairs it translates there (`adaptive.pair_shares`; a kernel with a
+    length scale errs most on boxes of about that size, which a clustered
+    tree may hold far below the uniform tree's depth). The series families'
+    errors do not depend on the box size: their order stands, as does a
+    caller's `order`."""
+    if config.tree != "adaptive" or config.family is None or config.name != "chebyshev":
+        return config
+    kernel = known_kernel(kernel)
+    if order is not None or not kernel.is_concrete():
+        return config
+    with jax.ensure_compile_time_eval():
+        shares = np.asarray(_adaptive.pair_shares(tree), np.float64)
+    levels = {level: float(v) for level, v in enumerate(shares) if v > 0}
+    n_src, dim = sources.shape
+    n_tgt = n_src if targets is None else targets.shape[0]
+    sample = _pair_sample(sources, targets)
+    side = float(tree.side)
+    with chebyshev_model._float64(), jax.ensure_compile_time_eval():
+        few = jnp.asarray(sample.y[:256])
+        moments = chebyshev_model.exact_moments(kernel, jnp.asarray(sources, few.dtype), few,
+                                                sample.x, sample.y, side, dim)
+    points = Points(n_src, n_tgt, n_src + (0 if targets is None else n_tgt), dim, None,
+                    sample, (side, levels, moments))
+    choice = chebyshev_model.choose(kernel, config.eps, sources.dtype, points, None,
+                                    config.gradient)
+    return dataclasses.replace(config, order=choice.order)
 
 
 def _check_family(family) -> str:

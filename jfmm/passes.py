@@ -9,6 +9,12 @@
 All arrays follow the tree's Morton order; results come back in the caller's
 target order. Levels 0 and 1 hold no well-separated pairs, so a tree of depth
 < 2 is pure near field.
+
+On an adaptive tree (`jfmm.tree.adaptive`) the same passes run level by
+level over its blocks of siblings, with leaves at every level: P2M at each
+leaf, M2M into each split box, M2L over the V lists (the uniform tree's
+stencil on the blocks), P2L of the X lists and L2L down, L2P at each leaf,
+M2P of the W lists, and the near field over the U lists (`adaptive_evaluate`).
 """
 from __future__ import annotations
 
@@ -16,8 +22,8 @@ import jax.numpy as jnp
 
 from jfmm import kernels
 from jfmm.configure import Config
-from jfmm.ops import backend, translate
-from jfmm.tree import Tree, lists
+from jfmm.ops import backend, far, translate
+from jfmm.tree import Tree, adaptive, lists
 
 
 def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp"):
@@ -58,6 +64,9 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
     """
     family, p = config.family, config.order
     q_sorted = charges[tree.src_perm]
+    if isinstance(tree, adaptive.AdaptiveTree):
+        phi, grad = adaptive_evaluate(tree, q_sorted, kernel, family, ops, p, gradient, mode)
+        return _caller_order(tree, phi, grad, gradient)
     if family is not None and family.SCHEME == "grid":
         phi, grad = gauss_transform(tree, q_sorted, kernel, family, p, gradient, mode)
         return _caller_order(tree, phi, grad, gradient)
@@ -98,13 +107,90 @@ def gauss_transform(tree: Tree, q_sorted, kernel: kernels.Gaussian, family, p: i
                        mode)
 
 
-def _caller_order(tree: Tree, phi, grad, gradient: bool):
+# ------------------------------------------------------------------ adaptive
+
+def _blocks(tree: adaptive.AdaptiveTree, level: int):
+    """Level `level`'s blocks of siblings: their parents (nblk,) (B for
+    unused blocks) and the blocks of each parent's colleagues' children
+    (nblk, 3^d) (nblk where a colleague is a leaf or absent)."""
+    off, end = tree.offsets[level], tree.offsets[level + 1]
+    ways, total = 2 ** tree.dim, tree.n_boxes
+    owner = tree.parent[off:end:ways]
+    ext = lambda a, fill: jnp.concatenate([a, jnp.full((1,) + a.shape[1:], fill, a.dtype)])  # noqa: E731
+    first = ext(tree.first_child, total)[ext(tree.colleagues, total)[owner]]
+    nblk = owner.shape[0]
+    return owner, jnp.where(first < total, (first - off) // ways, nblk)
+
+
+def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, side,
+                    mode: str):
+    """Multipoles of every box (B, K, P): P2M at the leaves, M2M up to level 2."""
+    leaf = tree.src_leaf
+    u = (tree.src_sorted - tree.center[leaf]) / side[leaf][:, None]
+    mult = backend.p2m(family, u, q_sorted, tree.src_start, leaf, p, mode)
+    for level in range(tree.depth, 2, -1):
+        off, end = tree.offsets[level], tree.offsets[level + 1]
+        owner = tree.parent[off:end:2 ** tree.dim]
+        mult = mult.at[owner].add(translate.m2m(mult[off:end], ops.m2m), mode="drop")
+    return mult
+
+
+def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
+                      kernel: kernels.Kernel, p: int, mode: str):
+    """Local expansions of every box (B, K, P): P2L of the X lists, then
+    level by level M2L over the V lists and L2L from the parent."""
+    loc = far.p2l(family, kernel, tree, q_sorted, p, mult)
+    basis = family.m2l_basis(ops)
+    ways = 2 ** tree.dim
+    for level in range(2, tree.depth + 1):
+        off, end = tree.offsets[level], tree.offsets[level + 1]
+        owner, cols = _blocks(tree, level)
+        m = mult[off:end]
+        if basis is not None:
+            m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
+        mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
+        grouped = m.reshape((-1, ways) + m.shape[1:])
+        got = backend.m2l_blocks(grouped, cols, mats, tree.dim, mode)
+        if basis is not None:
+            got = jnp.einsum("bke,eq->bkq", got, basis, precision=translate.HIGHEST)
+        if level > 2:                   # levels below 2 hold no locals
+            ext = jnp.concatenate([loc, jnp.zeros((1,) + loc.shape[1:], loc.dtype)])
+            got = got + translate.l2l(ext[owner], ops.l2l)
+        loc = loc.at[off:end].add(got)
+    return loc
+
+
+def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Kernel, family,
+                      ops, p: int, gradient: bool, mode: str = "jnp"):
+    """phi (M, K), grad (M, K, d) or None at the sorted targets of an
+    adaptive tree: the near field over the U lists, and where there is a
+    family the far field through the V, W and X lists."""
+    phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
+                                   q_sorted, tree.src_start, tree.near, gradient, mode)
+    if family is None or tree.depth < 2:
+        return phi, grad
+    side = tree.box_side(tree.level)
+    mult = adaptive_upward(tree, q_sorted, family, ops, p, side, mode)
+    loc = adaptive_downward(tree, mult, q_sorted, family, ops, kernel, p, mode)
+    leaf = tree.tgt_leaf
+    u = (tree.tgt_sorted - tree.center[leaf]) / side[leaf][:, None]
+    coef = family.l2p_coefficients(loc, p, gradient)
+    lphi, lgrad = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode)
+    wphi, wgrad = far.m2p(family, kernel, tree, mult, p, gradient)
+    phi = phi + lphi + wphi
+    grad = grad + lgrad + wgrad if gradient else None
+    return phi, grad
+
+
+def _caller_order(tree, phi, grad, gradient: bool):
     """Results in Morton order -> the caller's target order, NaN where the
-    tree holds non-finite coordinates."""
+    tree holds non-finite coordinates or (adaptive) overflowed its
+    capacities."""
     inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(
         jnp.arange(tree.tgt_perm.shape[0], dtype=tree.tgt_perm.dtype))
     nan = jnp.asarray(jnp.nan, phi.dtype)
-    phi = jnp.where(tree.finite, phi[inv], nan)
+    ok = tree.finite & ~getattr(tree, "overflow", False)
+    phi = jnp.where(ok, phi[inv], nan)
     if gradient:
-        grad = jnp.where(tree.finite, grad[inv], nan)
+        grad = jnp.where(ok, grad[inv], nan)
     return phi, grad

@@ -264,13 +264,6 @@ ad.primitive_jvps[sum_p] = _jvp
 
 # ------------------------------------------------------------------ transpose
 
-def _swap(tree: Tree) -> Tree:
-    return dataclasses.replace(
-        tree, src_perm=tree.tgt_perm, src_sorted=tree.tgt_sorted, src_start=tree.tgt_start,
-        src_leaf=tree.tgt_leaf, tgt_perm=tree.src_perm, tgt_sorted=tree.src_sorted,
-        tgt_start=tree.src_start, tgt_leaf=tree.src_leaf)
-
-
 def _transpose(cts, *args, spec: Spec):
     tl, ol, kl, ws = _split(args, spec)
     if any(ad.is_undefined_primal(v) for v in tl + ol + kl):
@@ -279,8 +272,8 @@ def _transpose(cts, *args, spec: Spec):
     n_lin = len(spec.orders)
     if not u:
         return [None] * (len(args) - n_lin) + [None] * n_lin
-    swapped = jax.tree_util.tree_leaves(_swap(spec.tree_def.unflatten(tl)))
-    outs = _rebind(spec, swapped, ol, kl, u, max(spec.orders))
+    swapped, swapped_def = jax.tree_util.tree_flatten(spec.tree_def.unflatten(tl).swapped())
+    outs = _rebind(spec._replace(tree_def=swapped_def), swapped, ol, kl, u, max(spec.orders))
     bars = [(-1) ** a * outs[a] for a in spec.orders]
     return [None] * (len(args) - n_lin) + bars
 

@@ -96,11 +96,12 @@ _RADIAL = {
 }
 
 
-def radial_reference(kernel, sources, q, targets=None, chunk: int = 256):
+def radial_reference(kernel, sources, q, targets=None, chunk: int = 512, gradient=True):
     """float64 numpy sum of q_i K(|y - x_i|) for any jfmm kernel: phi (M,)
-    or (M, k), grad (M, d) or (M, k, d). K'(r) by the complex step
-    (Im K(r + ih) / h, exact to rounding). A pair at r = 0 adds K(0) to
-    phi where the kernel is smooth, 0 where it is singular, and 0 to grad."""
+    or (M, k), grad (M, d) or (M, k, d) (None where gradient=False). K'(r)
+    by the complex step (Im K(r + ih) / h, exact to rounding). A pair at
+    r = 0 adds K(0) to phi where the kernel is smooth, 0 where it is
+    singular, and 0 to grad."""
     f = lambda r: _RADIAL[type(kernel)](kernel, r)            # noqa: E731
     x = np.asarray(sources, np.float64)
     y = x if targets is None else np.asarray(targets, np.float64)
@@ -108,12 +109,19 @@ def radial_reference(kernel, sources, q, targets=None, chunk: int = 256):
     qq = q[:, None] if q.ndim == 1 else q
     k0 = 0.0 if kernel.singular else float(np.real(f(np.full(1, 1e-150))[0]))   # K(0+)
     phi = np.zeros((len(y), qq.shape[1]))
-    grad = np.zeros((len(y), qq.shape[1], y.shape[1]))
+    grad = np.zeros((len(y), qq.shape[1], y.shape[1])) if gradient else None
     for s in range(0, len(y), chunk):
-        diff = y[s:s + chunk, None, :] - x[None, :, :]
-        r = np.sqrt(np.sum(diff * diff, axis=-1))
+        # per axis: no (chunk, N, d) temporary
+        diff = [y[s:s + chunk, a, None] - x[None, :, a] for a in range(y.shape[1])]
+        r = np.sqrt(sum(v * v for v in diff))
         far = r > 0
         safe = np.where(far, r, 1.0)
+        if not gradient:
+            with np.errstate(all="ignore"):
+                val = np.where(far, np.real(f(safe)), k0)
+            assert np.all(np.isfinite(val)), "reference not finite"
+            phi[s:s + chunk] = val @ qq
+            continue
         h = 1e-30 * safe
         with np.errstate(invalid="ignore"):      # numpy's vectorized complex products flag spuriously
             kr = f(safe + 1j * h)
@@ -121,9 +129,9 @@ def radial_reference(kernel, sources, q, targets=None, chunk: int = 256):
         val = np.where(far, np.real(kr), k0)
         dk_over_r = np.where(far, np.imag(kr) / h / safe, 0.0)
         phi[s:s + chunk] = val @ qq
-        grad[s:s + chunk] = np.einsum("mn,nk,mnd->mkd", dk_over_r, qq, diff)
+        grad[s:s + chunk] = np.stack([(dk_over_r * v) @ qq for v in diff], axis=-1)
     if q.ndim == 1:
-        return phi[:, 0], grad[:, 0]
+        return phi[:, 0], None if grad is None else grad[:, 0]
     return phi, grad
 
 

@@ -129,10 +129,10 @@ def test_kernel_names(rng):
     from conftest import radial_reference
 
     x, q = points("cluster", 400, rng), charges(400, rng)
-    ref = radial_reference(kernels.Laplace3D(), x, q)[0]
+    ref = radial_reference(kernels.Laplace3D(), x, q, gradient=False)[0]
     assert rel(jfmm.fmm(x, q, kernel="laplace3d", eps=1e-6, leaf_size=16), ref) <= 1e-6
     assert jfmm.plan(x, kernel="Laplace3D", eps=1e-3).kernel == kernels.Laplace3D()
-    ref = radial_reference(kernels.ThinPlateSpline(), x, q)[0]
+    ref = radial_reference(kernels.ThinPlateSpline(), x, q, gradient=False)[0]
     assert rel(jfmm.direct(x, q, kernel="thin_plate_spline"), ref) <= 1e-12
     with pytest.raises(TypeError, match=r"jfmm.kernels.get\('gaussian', epsilon="):
         jfmm.fmm(x, q, kernel="gaussian")

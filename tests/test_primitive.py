@@ -9,7 +9,9 @@ from conftest import charges, points, rel
 
 import jfmm
 
-EPS = 1e-6     # agreement asserted at 10 * EPS; one case checks eps = 1e-8
+# Agreement asserted at 10 * EPS: these tests check the transformation
+# rules, which err by O(1) where wrong; one case checks eps = 1e-8.
+EPS = 1e-4
 
 
 def _loss(call, w):

@@ -34,14 +34,18 @@ class Points(NamedTuple):
     """The point sets a model chooses for: sizes (n_tgt = n_src where the
     targets are the sources), the points stored (n_src, or n_src + n_tgt
     for separate targets), dimension, the mean points per leaf asked for
-    (None: the family's own), and a `Sample` (None where the points are
-    traced)."""
+    (None: the family's own), a `Sample` (None where the points are
+    traced), and for an adaptive tree (root side, {level: share of the
+    source-target pairs translated there} (`adaptive.pair_shares`), the
+    kernel's moments over its points (`chebyshev.exact_moments`)); None: a
+    uniform tree's."""
     n_src: int
     n_tgt: int
     n_points: int
     dim: int
     leaf_size: int | None
     sample: Sample | None
+    shares: tuple | None = None
 
 
 class Choice(NamedTuple):

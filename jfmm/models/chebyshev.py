@@ -137,6 +137,57 @@ def _chi_draws() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((20000, _MODES)) ** 2
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))
+def _square_sums(kernel, sources, targets, chunk: int = 4096):
+    """(2,) mean over targets of sum over sources of K(r)^2 and K'(r)^2
+    (a pair at r = 0 adds K(0)^2 where the kernel is smooth, nothing where
+    it is singular), over chunks of sources."""
+    n, d = sources.shape
+    pad = -n % chunk
+    far = jnp.full((pad, d), jnp.inf, sources.dtype)             # masked below
+    xs = jnp.concatenate([sources, far]).reshape(-1, chunk, d)
+
+    def body(acc, x):
+        r2 = sum((targets[:, None, a] - x[None, :, a]) ** 2 for a in range(d))
+        pos = (r2 > 0) & jnp.isfinite(r2)
+        k, dk = kernel.value_and_derivative(jnp.sqrt(jnp.where(pos, r2, 1.0)))
+        k = jnp.where(pos, k, 0.0 if kernel.singular else kernel.at_zero(r2.dtype))
+        k = jnp.where(jnp.isfinite(r2), k, 0.0)
+        dk = jnp.where(pos, dk, 0.0)
+        return acc + jnp.stack([jnp.sum(k * k), jnp.sum(dk * dk)]), None
+
+    total, _ = jax.lax.scan(body, jnp.zeros(2, targets.dtype), xs)
+    return total / targets.shape[0]
+
+
+def exact_moments(kernel, sources, targets, x: np.ndarray, y: np.ndarray, side: float,
+                  dim: int) -> tuple[float, float]:
+    """`pair_moments` with the mean K(r)^2 and K'(r)^2 summed over every
+    source for the targets `targets` (a few hundred of them), not
+    estimated from sample pairs and a uniform density of close pairs (which
+    clustered points and a kernel narrower than the root box defeat); the
+    lower-quantile factors from the sample pairs (x, y) as there."""
+    factors = _quantile_factors(kernel, x, y, side, dim)
+    sums = np.asarray(_square_sums(kernel, sources, targets), np.float64)
+    return tuple(float(f * v) / sources.shape[0] for f, v in zip(factors, sums))
+
+
+def _quantile_factors(kernel, x: np.ndarray, y: np.ndarray, side: float, dim: int):
+    """`_low_quantile` of the pair matrices (K, and K' times the unit
+    vectors) between the first _GRAM_POINTS sample sources and targets
+    farther apart than side / 8."""
+    cut = side / 8
+    g = min(_GRAM_POINTS, x.shape[0])
+    diff = y[:g, None, :] - x[None, :g, :]                             # (g, g, d)
+    r = np.sqrt(np.sum(diff ** 2, axis=-1))
+    keep = r > cut
+    k, dk = (np.where(keep, np.nan_to_num(v), 0.0)
+             for v in _radial(kernel, np.where(keep, r, side)))
+    unit = diff / np.where(keep, r, 1.0)[..., None]
+    grad = np.moveaxis(dk[..., None] * unit, 2, 1).reshape(g * dim, g)   # (g d, g)
+    return [_low_quantile(k.T @ k), _low_quantile(grad.T @ grad)]
+
+
 def pair_moments(kernel, x: np.ndarray, y: np.ndarray, side: float, dim: int,
                  count: int) -> tuple[float, float]:
     """The lower-quantile mean K(r)^2 and K'(r)^2 over the pairs of `count`
@@ -154,15 +205,7 @@ def pair_moments(kernel, x: np.ndarray, y: np.ndarray, side: float, dim: int,
     r2 = np.sum((y - x) ** 2, axis=-1)
     far = np.sqrt(r2[r2 > cut * cut])
     sampled = [float(np.sum(v ** 2)) / r2.shape[0] for v in _radial(kernel, far)]
-    g = min(_GRAM_POINTS, x.shape[0])
-    diff = y[:g, None, :] - x[None, :g, :]                             # (g, g, d)
-    r = np.sqrt(np.sum(diff ** 2, axis=-1))
-    keep = r > cut
-    k, dk = (np.where(keep, np.nan_to_num(v), 0.0)
-             for v in _radial(kernel, np.where(keep, r, side)))
-    unit = diff / np.where(keep, r, 1.0)[..., None]
-    grad = np.moveaxis(dk[..., None] * unit, 2, 1).reshape(g * dim, g)   # (g d, g)
-    factors = [_low_quantile(k.T @ k), _low_quantile(grad.T @ grad)]
+    factors = _quantile_factors(kernel, x, y, side, dim)
     spacing = 0.5 * side * max(count, 1) ** (-1.0 / dim)
     steps = np.arange(240) / 4.0                      # r from cut down to cut 2^-60
     r = cut * 2.0 ** -steps
@@ -174,19 +217,27 @@ def pair_moments(kernel, x: np.ndarray, y: np.ndarray, side: float, dim: int,
 
 
 def far_field_error(kernel, dim: int, root_side: float, depth: int,
-                    moments: tuple[float, float], cache: dict | None = None) -> np.ndarray:
+                    moments: tuple[float, float], cache: dict | None = None,
+                    shares: dict | None = None) -> np.ndarray:
     """(2, M + 1): estimated relative L2 errors of phi (row 0) and of its
     gradient (row 1) at n = 0..M nodes per dimension, for a tree of `depth`
     over a root box of side `root_side`; moments from `pair_moments`; cache:
-    {side: _tails_squared}, shared between calls. Needs concrete kernel
-    parameters; evaluates in float64 (call it under jax.enable_x64)."""
+    {side: _tails_squared}, shared between calls; shares: {level: share of
+    the source-target pairs translated at that level} where the tree says
+    (an adaptive tree's `pair_shares`), else a uniform tree's. Needs
+    concrete kernel parameters; evaluates in float64 (call it under
+    jax.enable_x64)."""
     cache = {} if cache is None else cache
+    if shares is None:
+        shares = {level: min(1.0, (6 ** dim - 3 ** dim) / 2 ** (dim * level))
+                  for level in range(2, depth + 1)}
     total = np.zeros((2, _LINE_POINTS + 1))
-    for level in range(2, depth + 1):
+    for level, share in shares.items():
         side = root_side / 2 ** level
+        if share <= 0:
+            continue
         if side not in cache:
             cache[side] = _tails_squared(kernel, dim, side)
-        share = min(1.0, (6 ** dim - 3 ** dim) / 2 ** (dim * level))
         total += share * (2 * dim) ** 2 * cache[side]
     tiny = np.finfo(float).tiny
     return np.sqrt(total / np.maximum(np.array(moments), tiny)[:, None])
@@ -306,7 +357,8 @@ class Rule:
                                   f"the {self.dim}D Chebyshev family")
 
     def order_for(self, eps: float, dtype, kernel, depth_of, root_side=None,
-                  pairs=None, gradient: bool = True, count: int = 1) -> int:
+                  pairs=None, gradient: bool = True, count: int = 1, shares=None,
+                  moments=None) -> int:
         """n for a relative L2 error eps from `far_field_error`: the
         smallest n whose estimates, phi_ratio err phi and (gradient)
         gradient_ratio err grad, are <= eps less the dtype's rounding error.
@@ -315,8 +367,12 @@ class Rule:
         count: the points' number (the larger of sources and targets);
         root_side and pairs (sample pairs of the points: sources and
         targets, (S, d) each): None where the points are traced, and then
-        the worst of uniform points in root boxes of sides _TRACED_SIDES. ValueError if
-        no n reaches eps, or eps is below the dtype's ROUNDING_FLOOR.
+        the worst of uniform points in root boxes of sides _TRACED_SIDES;
+        shares: an adaptive tree's (`far_field_error`; concrete points
+        only), which then stands for depth_of; moments: `exact_moments`
+        where the caller has them (else `pair_moments` of the pairs).
+        ValueError if no n reaches eps, or eps is below the dtype's
+        ROUNDING_FLOOR.
         """
         check_floor(eps, dtype, ROUNDING_FLOOR, f"the {self.dim}D Chebyshev family")
         budget = eps - ROUNDING_ERROR[jnp.dtype(dtype).name]
@@ -332,15 +388,20 @@ class Rule:
         else:
             sides = (float(root_side),)
         with _float64(), jax.ensure_compile_time_eval():
-            moments = (_traced_moments(kernel, self.dim, count) if root_side is None else
-                       [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
-                                     sides[0], self.dim, count)])
+            if moments is not None:
+                moments = [moments]
+            elif root_side is None:
+                moments = _traced_moments(kernel, self.dim, count)
+            else:
+                moments = [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
+                                        sides[0], self.dim, count)]
             estimates, cache = {}, {}
             best = None
             for n in self.ESTIMATED_ORDERS:
-                depth = depth_of(n)
+                depth = depth_of(n) if shares is None else None
                 if depth not in estimates:
-                    estimates[depth] = np.max([far_field_error(kernel, self.dim, s, depth, m, cache)
+                    estimates[depth] = np.max([far_field_error(kernel, self.dim, s, depth, m, cache,
+                                                               shares)
                                                for s, m in zip(sides, moments)], axis=0)
                 err = estimates[depth][:, n]
                 if max(ratios[0] * err[0], ratios[1] * err[1]) <= budget:
@@ -378,8 +439,11 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
     if n is None and kernel.is_concrete():
         sample = points.sample
         side, pairs = (None, None) if sample is None else (sample.side, (sample.x, sample.y))
+        shares = moments = None
+        if points.shares is not None:       # an adaptive tree's root, shares and moments
+            side, shares, moments = points.shares
         n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side,
-                        pairs, gradient, max(points.n_src, points.n_tgt))
+                        pairs, gradient, max(points.n_src, points.n_tgt), shares, moments)
     elif n is None:
         try:
             n = r.order(eps, dtype)

@@ -127,6 +127,13 @@ def m2l(mult, level: int, mats, dim: int, mode: str):
     return pallas_m2l.m2l(mult, level, mats, dim, _m2l, interpret=mode == "interpret")
 
 
+def m2l_blocks(grouped, cols, mats, dim: int, mode: str):
+    """`jfmm.ops.translate.m2l_blocks` on backend `mode` (the Pallas M2L
+    tiles serve the dense grid alone; blocks take the bf16x6 products)."""
+    return translate.m2l_blocks(grouped, cols, mats, dim,
+                                bf16x6=mode != "jnp" and _m2l != "float32")
+
+
 def _family_twin(family, p: int, mode: str):
     if mode == "jnp" or p > PALLAS_MAX_ORDER:
         return None
@@ -189,18 +196,21 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str):
 def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str):
     """Local expansions of the leaves at their sorted targets on backend
     `mode`: phi (M, K), grad (M, K, d) or None. coef: (n_leaves, K, E, P)
-    from `family.l2p_coefficients`; h: leaf side."""
+    from `family.l2p_coefficients`; h: the leaves' side, a scalar or one
+    per leaf (n_leaves,)."""
     twin = _family_twin(family, p, mode)
     if twin is not None:
         return twin.l2p(u, coef, start, h, p, gradient, interpret=mode == "interpret")
     m = u.shape[0]
+    per_leaf = jnp.ndim(h) > 0
     c = _chunk(m, math.prod(coef.shape[1:]))
     if c is None:
-        return family.l2p(u, coef[leaf_of], h, p, gradient)
+        return family.l2p(u, coef[leaf_of], h[leaf_of] if per_leaf else h, p, gradient)
     pad = -m % c
     uc = p2p.pad_rows(u, pad).reshape((-1, c) + u.shape[1:])
     lc = p2p.pad_rows(leaf_of, pad).reshape(-1, c)
-    phi, grad = jax.lax.map(lambda x: family.l2p(x[0], coef[x[1]], h, p, gradient), (uc, lc))
+    phi, grad = jax.lax.map(
+        lambda x: family.l2p(x[0], coef[x[1]], h[x[1]] if per_leaf else h, p, gradient), (uc, lc))
     phi = phi.reshape((-1,) + phi.shape[2:])[:m]
     return phi, (grad.reshape((-1,) + grad.shape[2:])[:m] if gradient else None)
 

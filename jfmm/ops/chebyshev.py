@@ -256,6 +256,21 @@ class Chebyshev:
     def l2p_coefficients(self, loc, n: int, gradient: bool):
         return loc[:, :, None, :]
 
+    def m2p_basis(self, kernel, u, h, n: int, gradient: bool = False):
+        """b (M, P) with phi(y) = sum_m b_m W_m for the weights W of a box of
+        side h (M,) and u = (y - centre) / h outside it: K(h |u - xi_m|);
+        with gradient also d b / dy (M, P, d) (else None)."""
+        g = jnp.asarray(grid(n, self.dim), u.dtype)
+        diff = h[:, None, None] * (u[:, None, :] - g[None])          # y - x_m
+        k, dk = kernel.from_r2(jnp.sum(diff * diff, axis=-1), gradient)
+        return k, (dk[..., None] * diff if gradient else None)
+
+    def p2l_basis(self, kernel, v, h, n: int):
+        """b (M, P): a unit charge at v = (x - centre) / h outside a box of
+        side h (M,) adds b to the box's local node values (P2L): the
+        kernel from the charge to each node, as M2L does from nodes."""
+        return self.m2p_basis(kernel, v, h, n)[0]
+
     def l2p(self, u, coef, h, n: int, gradient: bool):
         """phi (M, K) and grad (M, K, d) from per-target weights coef (M, K, 1, P)."""
         loc = coef[:, :, 0, :]

@@ -228,7 +228,7 @@ def l2p(u, coef, h, p: int, gradient: bool):
     phi = out[:, :, 0]
     if not gradient:
         return phi, None
-    return phi, out[:, :, 1:] / h
+    return phi, out[:, :, 1:] / jnp.reshape(h, jnp.shape(h) + (1, 1))
 
 
 def m2p(u, mult, h, p: int):
@@ -242,3 +242,41 @@ def m2p(u, mult, h, p: int):
     series = jnp.einsum("mkp,mp->mk", mult.at[..., :2].set(0.0), _re_weights(inv, p),
                         precision=HIGHEST)
     return series - mult[..., 0] * (jnp.log(h) + 0.5 * jnp.log(r2))[:, None]
+
+
+def _inverse(u):
+    """(Re, Im) of 1 / s for s = u_0 + i u_1: u (..., 2)."""
+    r2 = jnp.sum(u * u, axis=-1, keepdims=True)
+    return u * jnp.asarray([1.0, -1.0], u.dtype) / r2
+
+
+def m2p_basis(kernel, u, h, p: int, gradient: bool = False):
+    """b (M, 2p) with phi(z) = sum_i b_i M_i for the multipole M of a box of
+    side h (M,) and u = (z - centre) / h outside it (M2P: `m2p` as a
+    product), and with gradient its derivatives in z (M, 2p, 2) (else
+    None): d/dx Re f = Re f', d/dy Re f = -Im f', f' of M_k t^-k being
+    -k M_k t^(-k-1) and of -M_0 log t being -M_0 / t."""
+    log_r = 0.5 * jnp.log(jnp.sum(u * u, axis=-1))
+    pw = powers(_inverse(u), p + 1)                                 # t^-k, k <= p
+    b = pw[:, :2 * p] * jnp.asarray(np.tile([1.0, -1.0], p), u.dtype)
+    b = b.at[:, 0].set(-(jnp.log(h) + log_r)).at[:, 1].set(0.0)
+    if not gradient:
+        return b, None
+    re, im = pw[:, 2::2], pw[:, 3::2]                               # t^-(k+1), k < p
+    k = jnp.asarray(np.maximum(np.arange(p), 1.0), u.dtype)         # -M_0 / t at k = 0
+    gx = jnp.stack([-k * re, k * im], axis=-1).reshape(re.shape[0], -1)
+    gy = jnp.stack([k * im, k * re], axis=-1).reshape(re.shape[0], -1)
+    g = jnp.stack([gx.at[:, 1].set(0.0), gy.at[:, 1].set(0.0)], axis=-1)
+    return b, g / h[:, None, None]
+
+
+def p2l_basis(kernel, v, h, p: int):
+    """b (M, 2p): a unit charge at v = (x - centre) / h outside a box of
+    side h (M,) adds b to the box's local expansion (P2L):
+    -log|z - x| = -log h - log|tau| + Re sum_l (-1)^l (s / tau)^l / l with
+    tau = -v, s the target's scaled coordinate."""
+    log_tau = 0.5 * jnp.log(jnp.sum(v * v, axis=-1))
+    k = np.arange(p, dtype=np.float64)
+    scale = np.repeat((-1.0) ** k / np.maximum(k, 1.0), 2)
+    b = powers(_inverse(-v), p) * jnp.asarray(scale, v.dtype)
+    return b.at[:, 0].set(-(jnp.log(h) + log_tau)).at[:, 1].set(0.0)

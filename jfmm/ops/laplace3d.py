@@ -453,10 +453,75 @@ def l2p(u, coef, h, p: int, gradient: bool):
     """
     wy = regular(u, p) * jnp.asarray(_pair_weight(p), u.dtype)
     out = jnp.einsum("nkep,np->nke", coef, wy, precision=jax.lax.Precision.HIGHEST)
+    h = jnp.reshape(h, jnp.shape(h) + (1,))                   # a scalar, or one per target
     phi = out[:, :, 0] / h
     if not gradient:
         return phi, None
-    return phi, out[:, :, 1:] / (h * h)
+    return phi, out[:, :, 1:] / (h * h)[..., None]
+
+
+def _degree_sign(p: int) -> np.ndarray:
+    """(-1)^n on every coefficient of degree n."""
+    return np.concatenate([np.full(2 * n + 1, (-1.0) ** n) for n in range(p)])
+
+
+@functools.lru_cache(maxsize=None)
+def _irregular_derivative_tables(p: int):
+    """Gather tables for the derivatives of the irregular harmonics of
+    degree < p from those of degree <= p (real layout): d/du_a T_i =
+    sum_k coef[a, i, k] T'[idx[a, i, k]], T' with a trailing zero. From
+    d/dz T_n^m = -T_{n+1}^m and (d/dx +- i d/dy) T_n^m = -i T_{n+1}^{m+-1}
+    (checked against jax.jacfwd in tests/ops/test_laplace3d.py), with
+    T^{-1} = -conj(T^1)."""
+    zero = (p + 1) ** 2
+    idx = np.full((3, p * p, 2), zero, np.int32)
+    coef = np.zeros((3, p * p, 2))
+
+    def part(n, m, im):
+        """(index, sign) of Re (im 0) or Im (im 1) of T_n^m, any m."""
+        if m < 0:                                  # T^-m = (-1)^m conj(T^m)
+            sign = (-1.0) ** m * (-1.0 if im else 1.0)
+            return (zero, 0.0) if (im and m == 0) else (_index(n, -m, im), sign)
+        return (zero, 0.0) if (im and m == 0) else (_index(n, m, im), 1.0)
+
+    for n in range(p):
+        for m in range(n + 1):
+            for im in (0, 1) if m else (0,):
+                i = _index(n, m, im)
+                a_re, a_im = part(n + 1, m + 1, 0), part(n + 1, m + 1, 1)
+                b_re, b_im = part(n + 1, m - 1, 0), part(n + 1, m - 1, 1)
+                # x: -i/2 (A + B): Re = (A_im + B_im) / 2, Im = -(A_re + B_re) / 2
+                # y: -(A - B) / 2: Re = -(A_re - B_re) / 2, Im = -(A_im - B_im) / 2
+                terms = {0: ((a_im, 0.5), (b_im, 0.5)) if not im else ((a_re, -0.5), (b_re, -0.5)),
+                         1: ((a_re, -0.5), (b_re, 0.5)) if not im else ((a_im, -0.5), (b_im, 0.5))}
+                for axis, pair in terms.items():
+                    for k, ((j, sign), c) in enumerate(pair):
+                        idx[axis, i, k], coef[axis, i, k] = j, sign * c
+                idx[2, i, 0], coef[2, i, 0] = _index(n + 1, m, im), -1.0
+    return idx, coef
+
+
+def m2p_basis(kernel, u, h, p: int, gradient: bool = False):
+    """b (n, p^2) with phi(y) = sum_i b_i M_i for the multipole M of a box
+    of side h (n,) and u = (y - centre) / h outside it (M2P: the sum of
+    `m2p` as a product), and with gradient its derivatives in y (n, p^2, 3)
+    (else None)."""
+    w = jnp.asarray(_pair_weight(p) * _conj_sign(p), u.dtype)
+    t = irregular(u, p + 1 if gradient else p)
+    b = t[:, :p * p] * w / h[:, None]
+    if not gradient:
+        return b, None
+    idx, coef = _irregular_derivative_tables(p)
+    tz = jnp.concatenate([t, jnp.zeros((t.shape[0], 1), t.dtype)], axis=1)
+    g = jnp.sum(tz[:, idx] * jnp.asarray(coef, t.dtype), axis=-1)        # (n, 3, P)
+    return b, jnp.swapaxes(g, 1, 2) * (w / (h * h)[:, None])[:, :, None]
+
+
+def p2l_basis(kernel, v, h, p: int):
+    """b (n, p^2): a unit charge at v = (x - centre) / h outside a box of
+    side h (n,) adds b to the box's local expansion (P2L: M2L of the
+    charge's own multipole, degree 0 alone, by t = -v)."""
+    return irregular(-v, p) * jnp.asarray(_degree_sign(p), v.dtype)
 
 
 def m2p(u, mult, h, p: int):

@@ -14,6 +14,9 @@ import jax
 import jax.numpy as jnp
 
 from jfmm.kernels import Kernel
+from jfmm.tree.tiles import leaf_tiles  # noqa: F401 (the Pallas kernels tile alike)
+from jfmm.tree.tiles import round_up as _round_up
+from jfmm.tree.tiles import tile_count as _tile_count
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -41,16 +44,6 @@ def _map(f, xs, batch: int):
     be a multiple of batch: a remainder would trace and compile f twice."""
     assert jax.tree_util.tree_leaves(xs)[0].shape[0] % batch == 0
     return jax.lax.map(f, xs, batch_size=batch)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _tile_count(n_tgt: int, nleaf: int, tile: int) -> int:
-    """Leaf-aligned tiles that always suffice: a leaf of c targets takes
-    ceil(c / tile) of them, so ceil(M / tile) + nleaf."""
-    return -(-n_tgt // tile) + nleaf
 
 
 def default_batch(n_tiles: int) -> int:
@@ -106,30 +99,6 @@ def any_coincide(a, b=None):
     if b is not None:  # equal runs holding both sets have a mixed adjacent pair
         same = same & (side[1:] != side[:-1])
     return jnp.any(same)
-
-
-def leaf_tiles(tgt_start, n_tgt: int, tile: int, multiple: int = 1):
-    """Leaf-aligned target tiles.
-
-    tgt_start: (nleaf + 2,) leaf ranges. A leaf of c targets gets ceil(c/tile)
-    tiles, so ceil(M/tile) + nleaf tiles always suffice (rounded up to a
-    multiple of `multiple`). Returns per tile
-    (leaf, first target, end) with unused tiles pointing at the empty
-    sentinel leaf nleaf.
-    """
-    nleaf = tgt_start.shape[0] - 2
-    counts = tgt_start[1:nleaf + 1] - tgt_start[:nleaf]
-    per_leaf = (counts + tile - 1) // tile
-    cum = jnp.cumsum(per_leaf)
-    n_tiles = _round_up(_tile_count(n_tgt, nleaf, tile), multiple)
-    k = jnp.arange(n_tiles, dtype=jnp.int32)
-    leaf = jnp.searchsorted(cum, k, side="right").astype(jnp.int32)
-    # Unused tiles start at M (a kernel reading T rows from there stays in
-    # the T rows of padding after the targets).
-    first_tile = jnp.concatenate([cum - per_leaf, jnp.zeros(1, cum.dtype)])[leaf]
-    t0 = tgt_start[leaf] + tile * jnp.where(leaf < nleaf, k - first_tile, 0)
-    t1 = jnp.minimum(t0 + tile, tgt_start[leaf + 1])
-    return leaf, t0, t1
 
 
 def scatter_tiles(phi_t, grad_t, t0, t1, m: int):

@@ -21,7 +21,8 @@ def evaluate(loc, pairs, h, gradient: bool):
     grad (M, K, d) (axis a's factor replaced by its derivative, over h).
 
     loc: (M, K, P) per-target weights; pairs: per axis (f_a, df_a), each
-    (M, n) (df_a unused and may be None without gradient)."""
+    (M, n) (df_a unused and may be None without gradient); h: the length
+    unit of the coordinates, a scalar or one per target (M,)."""
     values = [f for f, _ in pairs]
     phi = jnp.einsum("mkp,mp->mk", loc, product(values), precision=HIGHEST)
     if not gradient:
@@ -31,5 +32,5 @@ def evaluate(loc, pairs, h, gradient: bool):
         jnp.einsum("mkp,mp->mk", loc,
                    product([pairs[b][1] if b == a else values[b] for b in range(d)]),
                    precision=HIGHEST)
-        for a in range(d)], axis=-1) / h
+        for a in range(d)], axis=-1) / jnp.reshape(h, jnp.shape(h) + (1, 1))
     return phi, grad

@@ -78,38 +78,52 @@ GATHER_BYTES = 2 ** 28
 
 
 def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
-    """Far-field translation at one level (level >= 2).
+    """Far-field translation at one level (level >= 2) of the dense grid.
 
     mult: (2^(d*level), K, P) multipoles of the level.
     mats: (n_off + 1, P, P) operators per M2L offset (the last one zero).
     Returns locals (2^(d*level), K, P): for each box, the sum over its M2L
-    list of the translated multipoles. The children of each parent's 3^d
-    neighbours are gathered, and one (B, J 2^d P) x (J 2^d P, 2^d P)
-    product applies the J non-empty neighbour positions' blocks at once
-    (faster than a loop over positions: docs/design.md). Memory is kept
-    under GATHER_BYTES by chunking parents (counting the gathered
-    multipoles in their own dtype; with bf16x6 their three bfloat16 pieces
-    and the per-position leading product take about 2.5 times that); where
-    even the gathered operators exceed it (high p), the loop over positions
-    runs instead. bf16x6: float32 products as six bfloat16 products
-    (`_product`; the GPU default, see jfmm.ops.backend).
+    list of the translated multipoles (`m2l_blocks` with the blocks of
+    siblings and their parents' neighbour table).
     """
     nc = 2 ** dim
-    nb_par = lists.neighbors(level - 1, dim)            # (B, 3^d), sentinel B
-    b = nb_par.shape[0]
-    k, p = mult.shape[1], mult.shape[2]
-    grouped = mult.reshape(b, nc, k, p)
-    grouped = jnp.concatenate([grouped, jnp.zeros((1, nc, k, p), mult.dtype)])
+    b = mult.shape[0] // nc
+    return m2l_blocks(mult.reshape((b, nc) + mult.shape[1:]), lists.neighbors(level - 1, dim),
+                      mats, dim, bf16x6)
+
+
+def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
+    """M2L over blocks of siblings: (b, 2^d, K, P) multipoles -> locals (b 2^d, K, P).
+
+    grouped: the 2^d children of each of b parents; cols: (b, 3^d) the
+    blocks of each parent's near neighbours (`lists.near_displacements`
+    order; b where a neighbour has no children); mats: (n_off + 1, P, P)
+    operators per M2L offset (the last one zero). Child c of parent i gets
+    child c' of neighbour j translated by `lists.m2l_slots(d)[j, c', c]`.
+    The children of each parent's 3^d neighbours are gathered, and one
+    (b, J 2^d P) x (J 2^d P, 2^d P) product applies the J non-empty
+    neighbour positions' blocks at once (faster than a loop over
+    positions: docs/design.md). Memory is kept under GATHER_BYTES by
+    chunking parents (counting the gathered multipoles in their own dtype;
+    with bf16x6 their three bfloat16 pieces and the per-position leading
+    product take about 2.5 times that); where even the gathered operators
+    exceed it (high p), the loop over positions runs instead. bf16x6:
+    float32 products as six bfloat16 products (`_product`; the GPU default,
+    see jfmm.ops.backend).
+    """
+    nc = 2 ** dim
+    b, _, k, p = grouped.shape
+    grouped = jnp.concatenate([grouped, jnp.zeros((1, nc, k, p), grouped.dtype)])
     slots = lists.m2l_slots(dim)
     keep = np.flatnonzero((slots < len(lists.m2l_offsets(dim))).any(axis=(1, 2)))
-    item = mult.dtype.itemsize
+    item = grouped.dtype.itemsize
     if len(keep) * nc * nc * p * p * item > GATHER_BYTES:
         def body(acc, xs):
             col, slot = xs
             return acc + _product("bskq,scpq->bckp", grouped[col], mats[slot], bf16x6), None
 
-        init = jnp.zeros((b, nc, k, p), mult.dtype)
-        out, _ = jax.lax.scan(body, init, (nb_par.T[keep], jnp.asarray(slots[keep])))
+        init = jnp.zeros((b, nc, k, p), grouped.dtype)
+        out, _ = jax.lax.scan(body, init, (cols.T[keep], jnp.asarray(slots[keep])))
         return out.reshape(b * nc, k, p)
 
     # With bf16x6 both operands are split inside each product (per parent
@@ -118,11 +132,16 @@ def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
     per_parent = len(keep) * nc * k * p * item
     chunk = min(b, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))
 
-    def apply(cols):                                    # (C, J) -> (C, 2^d, K, P)
-        return _product("bjskq,jscpq->bckp", grouped[cols], w, bf16x6,
+    def apply(c):                                       # (C, J) -> (C, 2^d, K, P)
+        return _product("bjskq,jscpq->bckp", grouped[c], w, bf16x6,
                         per_position="bjskq,jscpq->jbckp")
 
-    cols = nb_par[:, keep]
-    out = apply(cols) if chunk == b else jax.lax.map(
-        apply, cols.reshape(b // chunk, chunk, -1)).reshape(b, nc, k, p)
+    cols = cols[:, keep]
+    if chunk >= b:
+        out = apply(cols)
+    else:
+        pad = -b % chunk                                # padding rows gather the zero block
+        cols = jnp.concatenate([cols, jnp.full((pad, cols.shape[1]), b, cols.dtype)])
+        out = jax.lax.map(apply, cols.reshape(-1, chunk, cols.shape[1]))
+        out = out.reshape((-1, nc, k, p))[:b]
     return out.reshape(b * nc, k, p)

@@ -3,10 +3,9 @@
 Boxes split while they hold more than `leaf_size` sources or targets that
 are not all at one place, so leaves sit at different levels and hold at
 most `leaf_size` points, or more where they coincide (or are closer than
-the deepest level's box side). The tree
-is built top-down, one level at a time, from the points' integer
-coordinates; no Morton keys are needed, so depth is not bounded by a key's
-bits (`MAX_LEVEL`).
+the deepest level's box side). The tree is built top-down, one level at a
+time, from the points' integer coordinates; no Morton keys are needed, so
+depth is not bounded by a key's bits.
 
 Balance. A box also splits where a colleague (a same-level neighbour,
 itself included) has a child holding more than `leaf_size` points. This
@@ -27,30 +26,54 @@ every interaction list by a constant of d alone:
 
 A leaf colleague of b's parent touching b makes b a leaf (b's colleagues
 inside it do not exist), so these four lists cover every pair of leaves
-once (tests/tree/test_adaptive.py counts them against brute force).
+once (tests/tree/test_adaptive.py counts them against brute force). U has
+at most 4^d - 2^d + 1 entries (57 in 3D: b, and the children touching b
+of all 26 colleagues split), V 6^d - 3^d, W 7 per colleague.
 
-Layout. Boxes are numbered level by level; level l holds `capacity[l]`
+W and X are transposes of each other (b is in X(c) exactly when c is in
+W(b)), and both come from the pairs (leaf b, split colleague j): W(b) is
+the children of j not touching b, and those children have b in X. The
+passes walk them as work lists of (tile of the leaf's points, j) pairs
+(`far_pairs`): M2P evaluates the children's multipoles at a tile of
+targets, P2L adds a tile of sources to the children's locals.
+
+Layout. Boxes are numbered level by level; level l holds `levels[l]`
 slots from `offsets[l]`; the children of a split box are 2^d consecutive
-slots, child c at first_child + c, in the order of their parents, so each
-level is in Morton order. The sentinel index B (the total slot count)
-names an empty box. Capacities are static and sized from the data
-(`capacities`); a build whose points need more sets `overflow`.
+slots (a block), child c at first_child + c, in the order of their
+parents, so each level is in Morton order. The sentinel index B (the
+total slot count) names an empty box. Capacities are static and sized
+from the data (`capacities`); a build whose points need more sets
+`overflow`.
+
+Exact centres. The root box is a power of two in side, and its corner a
+multiple of the deepest level's half side: every box centre is then a
+float of the working dtype exactly, so box-local coordinates (x - c) / h
+are as exact as the points (rounded centres would shift every expansion
+by the rounding, 2^-24 of the root side in float32, which is a whole box
+side at level 24). The deepest level is the one down to which this holds
+(about 20 in float32 for points near the origin, `deepest_level`).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm.tree import lists
+from jfmm.tree import lists, tiles
 from jfmm.tree.uniform import root_box
 
-# Deepest level: box sides of 2^-24 of the root, below float32's resolution of
-# the coordinates (deeper boxes would split points the coordinates cannot).
-MAX_LEVEL = 24
+# Deepest level in any dtype (int32 box coordinates; float32 stops sooner,
+# where its centres stop being exact: `deepest_level`).
+MAX_LEVEL = 30
+# Points per tile of the W and X work lists.
+FAR_TILE = 16
+# Capacities leave this much room for points that move (`Plan.update`).
+SLACK = 1.125
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,18 +110,50 @@ def touch_colleague_child(d: int) -> np.ndarray:
     return np.all((disp[:, None] == 0) | (2 * bits[None] == 1 - disp[:, None]), axis=-1)
 
 
+def _padded_rows(mask: np.ndarray):
+    """Column indices of each row's True entries, padded with -1: (R, max count)."""
+    width = int(mask.sum(axis=1).max())
+    out = np.full((mask.shape[0], width), -1, np.int32)
+    for r, row in enumerate(mask):
+        cols = np.flatnonzero(row)
+        out[r, :len(cols)] = cols
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def far_children(d: int) -> np.ndarray:
+    """(3^d, 2^d - 1) child slots of the colleague at displacement j that do
+    not touch the box (its W list's share), padded with -1."""
+    return _padded_rows(~touch_colleague_child(d))
+
+
+def near_width(d: int) -> int:
+    """The most entries a U list has (module docstring): 57 in 3D, 13 in 2D."""
+    return 4 ** d - 2 ** d + 1
+
+
+class Capacities(NamedTuple):
+    """Static sizes of an adaptive tree, from the data (`capacities`):
+    levels, slots per level (each a multiple of 2^d); w and x, the pairs of
+    the W and X work lists (`far_pairs`) for targets and sources."""
+    levels: tuple
+    w: int
+    x: int
+
+
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["lo", "side", "level", "parent", "first_child", "leaf", "valid",
-                 "colleagues", "src_perm", "src_sorted", "src_start", "tgt_perm",
-                 "tgt_sorted", "tgt_start", "overflow"],
-    meta_fields=["dim", "offsets", "shared"])
+                 "colleagues", "center", "src_perm", "src_sorted", "src_start", "src_leaf",
+                 "tgt_perm", "tgt_sorted", "tgt_start", "tgt_leaf", "near", "w_tile", "w_pos",
+                 "x_tile", "x_pos", "finite", "overflow"],
+    meta_fields=["dim", "leaf_size", "caps", "shared"])
 @dataclasses.dataclass(frozen=True)
 class AdaptiveTree:
     """An adaptive, 2:1-balanced tree (module docstring).
 
-    Static: dim, offsets (first slot of each level, then B), shared
-    (targets are the sources).
+    Static (changing them recompiles): dim, leaf_size, caps (`Capacities`),
+    shared (targets are the sources).
     Arrays (B box slots, sentinel B; N sources, M targets):
       lo (dim,), side ()          root box [lo, lo + side]^dim
       level, parent, first_child  (B,) int32 (parent B for the root,
@@ -106,11 +161,20 @@ class AdaptiveTree:
       leaf, valid                 (B,) bool
       colleagues (B, 3^d) int32   same-level neighbours that exist, by
                                   `lists.near_displacements`, else B
+      center (B, dim)             box centres (exact, module docstring)
       src_perm (N,), src_sorted (N, dim), src_start (B + 2,): leaf b holds
                                   sorted sources [start[b], start[b + 1])
                                   (non-leaves and the sentinel none)
+      src_leaf (N,)               leaf of each sorted source
       tgt_* likewise for targets
-      overflow () bool            the points need more slots than given
+      near (B, near_width) int32  U lists of the leaves (B where none)
+      w_tile, w_pos (caps.w,)     W work list: target tile (`far_tiles`)
+                                  and colleague displacement j of its leaf
+                                  whose box is split (sentinels: the tile
+                                  count, 0)
+      x_tile, x_pos (caps.x,)     the same over source tiles (X)
+      finite () bool              all coordinates finite (else results are NaN)
+      overflow () bool            the points need more room than caps give
     """
     lo: jax.Array
     side: jax.Array
@@ -120,20 +184,40 @@ class AdaptiveTree:
     leaf: jax.Array
     valid: jax.Array
     colleagues: jax.Array
+    center: jax.Array
     src_perm: jax.Array
     src_sorted: jax.Array
     src_start: jax.Array
+    src_leaf: jax.Array
     tgt_perm: jax.Array
     tgt_sorted: jax.Array
     tgt_start: jax.Array
+    tgt_leaf: jax.Array
+    near: jax.Array
+    w_tile: jax.Array
+    w_pos: jax.Array
+    x_tile: jax.Array
+    x_pos: jax.Array
+    finite: jax.Array
     overflow: jax.Array
     dim: int
-    offsets: tuple
+    leaf_size: int
+    caps: Capacities
     shared: bool = False
+
+    @property
+    def offsets(self) -> tuple:
+        """First slot of each level, then B."""
+        return tuple(int(v) for v in np.concatenate([[0], np.cumsum(self.caps.levels)]))
 
     @property
     def n_boxes(self) -> int:
         return self.offsets[-1]
+
+    @property
+    def depth(self) -> int:
+        """The deepest level the capacities hold."""
+        return len(self.caps.levels) - 1
 
     def slot(self):
         """(B,) child slot of each box within its parent."""
@@ -141,21 +225,62 @@ class AdaptiveTree:
                                                                           jnp.int32)[self.level]
         return local % (2 ** self.dim)
 
+    def box_side(self, level):
+        """Side of a box at `level` (int or int array)."""
+        return jnp.ldexp(self.side, -jnp.asarray(level, jnp.int32))     # exact
+
+    def swapped(self) -> AdaptiveTree:
+        """Sources and targets exchanged (the adjoint sum's tree)."""
+        return dataclasses.replace(
+            self, src_perm=self.tgt_perm, src_sorted=self.tgt_sorted, src_start=self.tgt_start,
+            src_leaf=self.tgt_leaf, tgt_perm=self.src_perm, tgt_sorted=self.src_sorted,
+            tgt_start=self.src_start, tgt_leaf=self.src_leaf, w_tile=self.x_tile,
+            w_pos=self.x_pos, x_tile=self.w_tile, x_pos=self.w_pos,
+            caps=self.caps._replace(w=self.caps.x, x=self.caps.w))
+
+
+# ------------------------------------------------------------------ root
+
+def deepest_level(lo, side, dtype):
+    """The deepest level whose box centres are exact in `dtype` for a root
+    box of power-of-two `side` whose corner is a multiple of that level's
+    half side: (|lo| + side) / (side 2^-(l+1)) < 2^(mantissa bits), less a
+    level of margin; at most MAX_LEVEL (traced int32)."""
+    bits = jnp.finfo(dtype).nmant + 1
+    spread = jnp.log2(1.0 + jnp.max(jnp.abs(lo)) / side)
+    return jnp.clip(jnp.floor(bits - 3 - spread), 0, MAX_LEVEL).astype(jnp.int32)
+
+
+def exact_root(points):
+    """The adaptive root box of finite points (N, d): `root_box`'s cube
+    grown to a power-of-two side, its corner snapped down to a multiple of
+    the deepest level's half side. Returns lo (d,), side (), deepest level
+    ()."""
+    lo0, side0 = root_box(points)
+    side = jnp.ldexp(jnp.ones_like(side0), jnp.ceil(jnp.log2(side0)).astype(jnp.int32))
+    side = jnp.where(side < side0, 2 * side, side)           # log2 rounding
+    deepest = deepest_level(lo0, side, points.dtype)
+    quantum = jnp.ldexp(side, -(deepest + 1))
+    lo = jnp.floor(lo0 / quantum) * quantum
+    return lo, side, deepest
+
+
+# ------------------------------------------------------------------ build
 
 def _level_step(state, l, leaf_size, cap_next):
     """Split level l's boxes (module docstring's rule) and make level l+1.
 
     state: box (P,) int32 local box of each point at level l, -1 once in a
-    leaf; kind (P,) bool source; q (P, d) coordinates in [0, 1); valid
-    (C,), colleagues (C, 3^d) local (sentinel C). cap_next: slots of
-    level l + 1 (static; l may be traced). Returns split (C,),
-    first_child (C,) local at l + 1 (sentinel cap_next), the next level's
-    valid, parent (local at l), colleagues, the points' boxes, and the
-    number of children made."""
-    box, is_src, q, valid, coll = state
+    leaf; kind (P,) bool source; q (P, d) coordinates in [0, 1); deepest ()
+    the deepest level; valid (C,), colleagues (C, 3^d) local (sentinel C).
+    cap_next: slots of level l + 1 (static; l may be traced). Returns split
+    (C,), first_child (C,) local at l + 1 (sentinel cap_next), the next
+    level's valid, parent (local at l), colleagues, the points' boxes, and
+    the number of children made."""
+    box, is_src, q, deepest, valid, coll = state
     n_box, d = valid.shape[0], q.shape[1]
     ways = 2 ** d
-    cells = jnp.left_shift(1, l + 1)                     # per axis at level l + 1
+    cells = jnp.left_shift(1, jnp.minimum(l + 1, 30))       # per axis at level l + 1
     coord = jnp.clip(jnp.floor(q * cells.astype(q.dtype)), 0, cells - 1).astype(jnp.int32)
     slot = jnp.sum((coord & 1) << jnp.arange(d, dtype=jnp.int32), axis=1)
     active = box >= 0
@@ -177,7 +302,7 @@ def _level_step(state, l, leaf_size, cap_next):
     full = (jnp.maximum(cs.sum(1), ct.sum(1)) > leaf_size) & apart
     full_child = jnp.any((jnp.maximum(cs, ct) > leaf_size) & apart_c, axis=1)
     full_child = jnp.concatenate([full_child, jnp.zeros(1, bool)])
-    split = valid & (l < MAX_LEVEL) & (full | jnp.any(full_child[coll], axis=1))
+    split = valid & (l < deepest) & (full | jnp.any(full_child[coll], axis=1))
     made = ways * jnp.sum(split, dtype=jnp.int32)
     cap = cap_next
     first = ways * (jnp.cumsum(split, dtype=jnp.int32) - 1)
@@ -205,13 +330,13 @@ def _level_step(state, l, leaf_size, cap_next):
 def _root_state(sources, targets):
     """The root box and level 0's state for `_level_step`."""
     both = sources if targets is None else jnp.concatenate([sources, targets])
-    lo, side = root_box(both)
+    lo, side, deepest = exact_root(both)
     safe = jnp.where(jnp.isfinite(both), both, lo)
     q = jnp.clip((safe - lo) / side, 0.0, 1.0)
     d = q.shape[1]
     is_src = jnp.arange(q.shape[0]) < sources.shape[0]
     root_coll = jnp.where(jnp.arange(3 ** d) == lists.self_slot(d), 0, 1).astype(jnp.int32)
-    return lo, side, (jnp.zeros(q.shape[0], jnp.int32), is_src, q, jnp.ones(1, bool),
+    return lo, side, (jnp.zeros(q.shape[0], jnp.int32), is_src, q, deepest, jnp.ones(1, bool),
                       root_coll[None])
 
 
@@ -231,43 +356,71 @@ def _trim(step, size_next: int):
 def _full_step(state, l, leaf_size: int):
     """`_level_step` with 2^d child slots per box: one compiled step per
     level size."""
-    return _step(state, l, leaf_size, 2 ** state[2].shape[1] * state[3].shape[0])
+    return _step(state, l, leaf_size, 2 ** state[2].shape[1] * state[4].shape[0])
 
 
-def capacities(sources, targets, leaf_size: int) -> tuple:
-    """Slots per level for these (concrete) points: (1, ...), each level's
-    children rounded up to a power of 2 (few shapes to compile)."""
-    _, _, state = _root_state(jnp.asarray(sources),
-                              None if targets is None else jnp.asarray(targets))
+def room(count: int, multiple: int = 1) -> int:
+    """A capacity for `count` items: SLACK more, rounded up to the next of
+    {4, 5, 6, 7} x 2^k that is a multiple of `multiple` (few sizes to
+    compile, at most a quarter unused beyond the slack)."""
+    need = max(1, math.ceil(count * SLACK))
+    k = max(0, need.bit_length() - 3)
+    while True:
+        for m in (4, 5, 6, 7):
+            size = m << k
+            if size >= need and size % multiple == 0:
+                return size
+        k += 1
+
+
+def _level_capacities(sources, targets, leaf_size: int) -> tuple:
+    """Slots per level for these (concrete) points (`room` of the boxes
+    each level needs)."""
+    _, _, state = _root_state(sources, targets)
+    ways = 2 ** sources.shape[1]
     caps, l = [1], 0
     while True:
         step = _full_step(state, l, leaf_size)
         made = int(step[-1])
         if made == 0:
             return tuple(caps)
-        caps.append(1 << (made - 1).bit_length())
+        caps.append(min(room(made, ways), ways * caps[-1]))     # no more than can be made
         _, _, valid, _, coll, box, _ = _trim(step, caps[-1])
-        state = (box, state[1], state[2], valid, coll)
+        state = (box, state[1], state[2], state[3], valid, coll)
         l += 1
 
 
-def build(sources, targets, leaf_size: int, caps: tuple) -> AdaptiveTree:
+def capacities(sources, targets, leaf_size: int) -> Capacities:
+    """The capacities of these (concrete) points' tree (host-side sizing,
+    one compiled level step per level size; `build` then runs on device)."""
+    sources = jnp.asarray(sources)
+    targets = None if targets is None else jnp.asarray(targets)
+    levels = _level_capacities(sources, targets, leaf_size)
+    tree = _build_jit(sources, targets, leaf_size, Capacities(levels, 1, 1))
+    w, x = (int(v) for v in _far_counts(tree))
+    return Capacities(levels, room(w), room(x))
+
+
+def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     """The adaptive tree of sources (N, d) and targets (M, d) or None (the
-    sources), with `caps` slots per level (`capacities`). jit-able with
+    sources), with the capacities `caps` (`capacities`). jit-able with
     leaf_size and caps static."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
     lo, side, state = _root_state(sources, targets)
     d = sources.shape[1]
-    offsets = tuple(int(v) for v in np.concatenate([[0], np.cumsum(caps)]))
+    ways = 2 ** d
+    offsets = tuple(int(v) for v in np.concatenate([[0], np.cumsum(caps.levels)]))
     total = offsets[-1]
-    levels, parents, firsts, leaves, valids, colls = [], [], [], [], [], []
+    levels, parents, firsts, leaves, valids, colls, coords = [], [], [], [], [], [], []
     leaf_of = jnp.full(state[2].shape[0], total, jnp.int32)
     parent = jnp.full(1, total, jnp.int32)
+    coord = jnp.zeros((1, d), jnp.int32)
+    bits = jnp.asarray(lists.child_bits(d))
     overflow = jnp.zeros((), bool)
-    for l, cap in enumerate(caps):
-        box, _, _, valid, coll = state
-        cap_next = caps[l + 1] if l + 1 < len(caps) else 0
+    for l, cap in enumerate(caps.levels):
+        box, _, _, _, valid, coll = state
+        cap_next = caps.levels[l + 1] if l + 1 < len(caps.levels) else 0
         split, first, nvalid, nparent, ncoll, nbox, made = _trim(
             _full_step(state, l, leaf_size), cap_next)
         overflow = overflow | (made > cap_next)
@@ -278,25 +431,43 @@ def build(sources, targets, leaf_size: int, caps: tuple) -> AdaptiveTree:
         leaves.append(valid & ~split)
         valids.append(valid)
         colls.append(jnp.where(coll < cap, off + coll, total))
+        coords.append(coord)
         settled = (box >= 0) & ~split[jnp.maximum(box, 0)]
         leaf_of = jnp.where(settled, off + box, leaf_of)
         parent = jnp.where(nparent < cap, off + nparent, total)
-        state = (nbox, state[1], state[2], nvalid, ncoll)
+        slot = jnp.arange(cap_next, dtype=jnp.int32) % ways
+        coord = jnp.where(nvalid[:, None], 2 * coord[jnp.minimum(nparent, cap - 1)] + bits[slot],
+                          0)
+        state = (nbox, state[1], state[2], state[3], nvalid, ncoll)
     cat = jnp.concatenate
-    leaf = cat(leaves)
+    level = cat(levels)
+    h = jnp.ldexp(side, -level)
+    center = lo + (2 * cat(coords) + 1).astype(lo.dtype) * (h / 2)[:, None]   # exact
     n = sources.shape[0]
 
     def sort(points, leaf_idx):
         perm = jnp.argsort(leaf_idx, stable=True).astype(jnp.int32)
         counts = jnp.zeros(total + 1, jnp.int32).at[leaf_idx].add(1)
         start = cat([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
-        return perm, points[perm], start
+        return perm, points[perm], start, leaf_idx[perm]
 
     src = sort(sources, leaf_of[:n])
     tgt = src if targets is None else sort(targets, leaf_of[n:])
-    return AdaptiveTree(lo, side, cat(levels), cat(parents), cat(firsts), leaf, cat(valids),
-                        cat(colls), *src, *tgt, overflow | jnp.any(leaf_of == total), dim=d,
-                        offsets=offsets, shared=targets is None)
+    both = sources if targets is None else cat([sources, targets])
+    tree = AdaptiveTree(lo, side, level, cat(parents), cat(firsts), cat(leaves), cat(valids),
+                        cat(colls), center, *src, *tgt, jnp.zeros((total, 1), jnp.int32),
+                        *(jnp.zeros(0, jnp.int32),) * 4, jnp.all(jnp.isfinite(both)),
+                        overflow | jnp.any(leaf_of == total), dim=d, leaf_size=leaf_size,
+                        caps=Capacities(caps.levels, 0, 0), shared=targets is None)
+    w_tile, w_pos, w_count = far_pairs(tree, tree.tgt_start, tree.tgt_sorted.shape[0], caps.w)
+    x_tile, x_pos, x_count = ((w_tile, w_pos, w_count) if targets is None
+                              else far_pairs(tree, tree.src_start, n, caps.x))
+    return dataclasses.replace(
+        tree, near=near_lists(tree), w_tile=w_tile, w_pos=w_pos, x_tile=x_tile, x_pos=x_pos,
+        overflow=tree.overflow | (w_count > caps.w) | (x_count > caps.x), caps=caps)
+
+
+_build_jit = jax.jit(build, static_argnums=(2, 3))
 
 
 # ------------------------------------------------------------------ lists
@@ -371,3 +542,94 @@ def u_list(tree: AdaptiveTree):
     touch_kid = jnp.asarray(touch_colleague_child(d))[None]
     fine = jnp.where(tree.leaf[:, None, None] & touch_kid & (kids < total), kids, total)
     return jnp.concatenate([same, coarse, fine.reshape(total, -1)], axis=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _near_tables(d: int):
+    """The (j, c) pairs that can hold U entries: parent colleagues j touching
+    child slot c ((2^d, 2^d) per slot), and colleague children (j, c)
+    touching the box ((4^d,) each)."""
+    coarse = _padded_rows(touch_parent_colleague(d))
+    j, c = np.nonzero(touch_colleague_child(d))
+    return coarse, j.astype(np.int32), c.astype(np.int32)
+
+
+def near_lists(tree: AdaptiveTree):
+    """The U lists as a table of `near_width` columns (B, W), each row
+    ascending and padded with B: `u_list`'s entries without its empty
+    columns."""
+    total, d = tree.n_boxes, tree.dim
+    leaf_ext = _ext(tree.leaf, False)
+    is_leaf = tree.leaf[:, None]
+    same = jnp.where(is_leaf & leaf_ext[tree.colleagues], tree.colleagues, total)
+    coarse_j, fine_j, fine_c = (jnp.asarray(t) for t in _near_tables(d))
+    pc = jnp.take_along_axis(parent_colleagues(tree), coarse_j[tree.slot()], axis=1)
+    coarse = jnp.where(is_leaf & leaf_ext[pc], pc, total)
+    first = _ext(tree.first_child, total)[tree.colleagues[:, fine_j]]
+    fine = jnp.where(is_leaf & (first < total), first + fine_c, total)
+    rows = jnp.sort(jnp.concatenate([same, coarse, fine], axis=1), axis=1)
+    return rows[:, :near_width(d)]
+
+
+def far_tiles(start, n_points: int):
+    """The leaf-aligned tiles of FAR_TILE points the W and X work lists
+    index: (leaf, first point, end) per tile (`tiles.leaf_tiles`)."""
+    return tiles.leaf_tiles(start, n_points, FAR_TILE)
+
+
+def _far_mask(tree: AdaptiveTree, start, n_points: int):
+    """(tiles, 3^d) bool: the tile's leaf has a split colleague at j."""
+    leaf, _, _ = far_tiles(start, n_points)
+    split = _ext(tree.valid & ~tree.leaf, False)
+    return split[_ext(tree.colleagues, tree.n_boxes)[leaf]]
+
+
+def far_pairs(tree: AdaptiveTree, start, n_points: int, cap: int):
+    """The W (start: target ranges) or X (source ranges) work list: the
+    first `cap` (tile, j) pairs of a tile of a leaf and a split colleague j
+    of that leaf, padded with (tile count, 0); and how many there are."""
+    mask = _far_mask(tree, start, n_points)
+    n_tiles, width = mask.shape
+    flat, = jnp.nonzero(mask.reshape(-1), size=cap, fill_value=n_tiles * width)
+    return ((flat // width).astype(jnp.int32), (flat % width).astype(jnp.int32),
+            jnp.sum(mask, dtype=jnp.int32))
+
+
+@jax.jit
+def _far_counts(tree: AdaptiveTree):
+    """The W and X work lists' lengths."""
+    w = jnp.sum(_far_mask(tree, tree.tgt_start, tree.tgt_sorted.shape[0]), dtype=jnp.int32)
+    x = w if tree.shared else jnp.sum(_far_mask(tree, tree.src_start, tree.src_sorted.shape[0]),
+                                      dtype=jnp.int32)
+    return w, x
+
+
+# ------------------------------------------------------------------ work
+
+def subtree_counts(tree: AdaptiveTree, start):
+    """(B,) points under each box, from the leaves' ranges `start`."""
+    counts = jnp.diff(start)[:tree.n_boxes].astype(jnp.float32)
+    ways = 2 ** tree.dim
+    for level in range(tree.depth, 0, -1):
+        off, end = tree.offsets[level], tree.offsets[level + 1]
+        block = counts[off:end].reshape(-1, ways).sum(axis=1)
+        counts = counts.at[tree.parent[off:end:ways]].add(block, mode="drop")
+    return counts
+
+
+@jax.jit
+def pair_shares(tree: AdaptiveTree):
+    """(depth + 1,) the share of the source-target pairs whose interaction
+    the far field translates at each level: V pairs at the level of their
+    boxes, X and W pairs at the level of the finer box (the one that is
+    not a leaf colleague). What an error model weighs each level's
+    expansion error by."""
+    total = tree.n_boxes
+    src, tgt = subtree_counts(tree, tree.src_start), subtree_counts(tree, tree.tgt_start)
+    src_ext, tgt_ext = _ext(src, 0.0), _ext(tgt, 0.0)
+    v, _ = v_list(tree)
+    x = x_list(tree)                           # leaves s with b in W(s): b's X list
+    pairs = (tgt * src_ext[v].sum(axis=1) + tgt * src_ext[x].sum(axis=1)
+             + src * tgt_ext[x].sum(axis=1))
+    per_level = jax.ops.segment_sum(pairs, tree.level, tree.depth + 1)
+    return per_level / (tree.src_sorted.shape[0] * tree.tgt_sorted.shape[0])

@@ -69,6 +69,13 @@ class Tree:
         """Side of a box at `level` (scalar array)."""
         return self.side / (2 ** level)
 
+    def swapped(self) -> Tree:
+        """Sources and targets exchanged (the adjoint sum's tree)."""
+        return dataclasses.replace(
+            self, src_perm=self.tgt_perm, src_sorted=self.tgt_sorted, src_start=self.tgt_start,
+            src_leaf=self.tgt_leaf, tgt_perm=self.src_perm, tgt_sorted=self.src_sorted,
+            tgt_start=self.src_start, tgt_leaf=self.src_leaf)
+
     def leaf_centers(self, leaves):
         """Centres (..., dim) of leaves given by Morton index (...,)."""
         coords = morton.decode(leaves, self.depth, self.dim)
@@ -149,3 +156,30 @@ def build(sources, targets, depth: int) -> Tree:
     src = _sort(sources, lo, side, depth)
     tgt = src if targets is None else _sort(targets, lo, side, depth)
     return Tree(lo, side, *src, *tgt, finite, depth=depth, dim=d, shared=targets is None)
+
+
+@functools.partial(jax.jit, static_argnames=("depth",))
+def crowding(sources, targets, depth: int):
+    """How much more near-field work the uniform tree of `depth` does on
+    these points than on uniform ones: the pairs of targets and sources in
+    neighbouring leaves over their count for points spread evenly over the
+    occupied extent, N M 3^d / 2^(d depth) (1 for uniform points, ~4 on a
+    sphere's surface, 10^3 and more for galaxies). targets None: the
+    sources. jit-able; concrete points give a number to choose a tree by."""
+    from jfmm.tree import lists
+
+    d = sources.shape[1]
+    lo, side = root_box(sources if targets is None else jnp.concatenate([sources, targets]))
+
+    def counts(points):
+        safe = jnp.where(jnp.isfinite(points), points, lo)
+        cell = jnp.clip(jnp.floor((safe - lo) / side * 2 ** depth), 0, 2 ** depth - 1)
+        keys = morton.encode(cell.astype(jnp.int32), depth)
+        return jnp.zeros(2 ** (d * depth) + 1, jnp.float32).at[keys].add(1.0)
+
+    src = counts(sources)
+    tgt = src if targets is None else counts(targets)
+    near = jnp.sum(src[lists.neighbors(depth, d)], axis=1)
+    pairs = jnp.sum(tgt[:-1] * near)
+    n, m = sources.shape[0], (sources if targets is None else targets).shape[0]
+    return pairs / (n * m * 3.0 ** d / 2.0 ** (d * depth))

@@ -71,6 +71,7 @@ def test_lists_cover_every_leaf_pair_once(dim, rng):
         caps = adaptive.capacities(src, tgt, 8)
         build = jax.jit(adaptive.build, static_argnums=(2, 3)) if name == "line" else adaptive.build
         tree = build(src, tgt, 8, caps)                 # eager and under jit alike
+        check_work_lists(tree)
         assert not bool(tree.overflow), name
         t, coords = geometry(tree)
         total = tree.n_boxes
@@ -128,10 +129,50 @@ def test_lists_cover_every_leaf_pair_once(dim, rng):
             assert np.all(direct == near[row]), name
 
 
+def check_work_lists(tree):
+    """The lists the passes walk hold what the reference lists hold: the
+    near table each leaf's U entries, the W (X) work list each target
+    (source) tile's W (X) entries, every box centre the middle of its box."""
+    t = jax.tree_util.tree_map(np.asarray, tree)
+    total, d = tree.n_boxes, tree.dim
+    u, w, x = (np.asarray(a) for a in (adaptive.u_list(tree), adaptive.w_list(tree),
+                                       adaptive.x_list(tree)))
+    assert t.near.shape[1] == adaptive.near_width(d)
+    for b in range(total):
+        assert sorted(t.near[b][t.near[b] < total]) == sorted(u[b][u[b] < total])
+    kids = adaptive.far_children(d)
+    for start, tile, pos, n, ref in ((t.tgt_start, t.w_tile, t.w_pos, len(t.tgt_sorted), w),
+                                     (t.src_start, t.x_tile, t.x_pos, len(t.src_sorted), None)):
+        leaf, t0, t1 = (np.asarray(a) for a in adaptive.far_tiles(start, n))
+        got = {}
+        for k, j in zip(tile, pos):
+            if k < len(leaf):
+                first = t.first_child[t.colleagues[leaf[k], j]]
+                got.setdefault(leaf[k], []).extend(first + c for c in kids[j] if c >= 0)
+        for b in set(leaf[leaf < total]):
+            if ref is not None:                 # W(b): the far children it evaluates
+                want = list(ref[b][ref[b] < total]) * int(np.sum(leaf == b))
+                assert sorted(got.get(b, [])) == sorted(want), b
+            for c in got.get(b, []):            # X(c) holds b (transposes)
+                assert b in x[c], (b, c)
+    level = t.level[:total]
+    h = float(tree.side) * 2.0 ** -level
+    geo_t, coords = geometry(tree)
+    want = np.asarray(tree.lo, np.float64) + (coords + 0.5) * h[:, None]
+    ok = t.valid[:total]
+    assert np.array_equal(np.asarray(t.center, np.float64)[ok], want[ok])
+
+
 def test_overflow_is_set_when_capacities_are_short(rng):
     x = clustered(150, rng, 2)
     caps = adaptive.capacities(x, None, 8)
-    short = caps[:-1] + (caps[-1] // 2,)             # caps round the need up to 2^k
+    tree = adaptive.build(x, None, 8, caps)
+    widest = int(np.argmax(caps.levels))
+    made = int(np.asarray(tree.valid)[tree.offsets[widest]:tree.offsets[widest + 1]].sum())
+    levels = list(caps.levels)
+    levels[widest] = made - 4                        # one block short
+    short = caps._replace(levels=tuple(levels))
     assert bool(adaptive.build(x, None, 8, short).overflow)
-    assert bool(adaptive.build(x, None, 8, caps[:-1]).overflow)
+    assert bool(adaptive.build(x, None, 8, caps._replace(levels=caps.levels[:-1])).overflow)
+    assert bool(adaptive.build(x, None, 8, caps._replace(w=1)).overflow)
     assert not bool(adaptive.build(x, None, 8, caps).overflow)

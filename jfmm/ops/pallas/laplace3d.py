@@ -80,7 +80,8 @@ def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False):
 
     u: (M, 3) sorted scaled target positions; coef: (n_leaves, K, E, P) from
     `laplace3d.l2p_coefficients`; start: (n_leaves + 2,) target leaf ranges;
-    h: leaf side. Returns phi (M, K), grad (M, K, 3) or None, sorted order.
+    h: leaf side, a scalar or one per leaf (n_leaves,). Returns phi (M, K),
+    grad (M, K, 3) or None, sorted order.
     """
     m = u.shape[0]
     n_leaves, n_k, n_e, n_p = coef.shape
@@ -96,6 +97,9 @@ def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False):
         interpret=interpret, compiler_params=compiler_params(NUM_WARPS, interpret),
     )(meta, p2p.pad_rows(u, TILE).T, c)
     out = jnp.transpose(out.reshape(n_tiles, n_k, n_e, TILE), (0, 3, 1, 2))  # (tiles, T, K, E)
-    phi, grad = p2p.scatter_tiles(out[..., 0] / h, out[..., 1:] / (h * h) if gradient else None,
+    if jnp.ndim(h):                                     # one side per leaf
+        h = jnp.concatenate([h, jnp.ones(1, h.dtype)])[leaf][:, None, None]
+    phi, grad = p2p.scatter_tiles(out[..., 0] / h,
+                                  out[..., 1:] / (h * h)[..., None] if gradient else None,
                                   t0, t1, m)
     return phi, grad
