@@ -147,7 +147,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         remembered = _eager_plan(sources, targets, kernel, *opts)
         if remembered is not None:
             return remembered.apply(charges, gradient)
-    config = _configure.resolve_eager(sources, targets, kernel, *opts[:-1])   # remembered
+    config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
     config = _configure.choose_tree(config, sources, targets, tree)
     if config.tree == "adaptive":
         pl = _new_plan(sources, targets, kernel, config, order)
@@ -292,6 +292,6 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)      # the points set the dtype
     sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
-                                      gradient)
+                                      gradient, tree)
     return _new_plan(sources, targets, kernel,
                      _configure.choose_tree(config, sources, targets, tree), order)

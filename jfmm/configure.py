@@ -208,11 +208,12 @@ def _tree_family(kernel, dim: int, choice: str):
 
 
 def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=False,
-            gradient=True) -> Config:
+            gradient=True, tree="auto") -> Config:
     """The `Config` of `fmm` and `plan` for prepared points.
 
-    Below the direct sum's crossover (`DIRECT_PAIRS`; "auto", no order or
-    leaf size given): the near field of a one-box tree, i.e. every pair.
+    Below the direct sum's crossover (`DIRECT_PAIRS`; "auto", no order,
+    leaf size or tree given): the near field of a one-box tree, i.e. every
+    pair.
     Laplace kernels ("auto"): their series families. A Gaussian ("auto",
     concrete epsilon and points, no order given): the near field alone
     where it suffices (`_near_only`), else the fast Gauss transform where
@@ -234,7 +235,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         raise ValueError(f"family 'hermite' (the fast Gauss transform) sums the Gaussian "
                          f"kernel only, got {type(kernel).__name__}")
     fam, model = _tree_family(kernel, dim, family)
-    if _direct(kernel, dim, dtype, n_src, n_tgt, eps, order, leaf_size, family):
+    if _direct(kernel, dim, dtype, n_src, n_tgt, eps, order, leaf_size, family, tree):
         check_floor(eps, dtype, _FLOORS[fam.NAME], f"the {fam.NAME} family")
         return Config(None, 1, 0, eps)
     # The points' root box and sample pairs, drawn once (a host round trip)
@@ -309,7 +310,7 @@ def kernel_key(kernel):
 
 
 def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
-                  gradient=True) -> Config:
+                  gradient=True, tree="auto") -> Config:
     """`resolve` for concrete points and kernel, remembered for repeated
     calls. The key holds everything `resolve` reads: the kernel's values,
     the shapes, dtype, eps and overrides, and where the choice depends on
@@ -324,20 +325,22 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
     if kernel_values is None or traced:
         gradient = gradient or traced
         return resolve(sources, targets, kernel, eps, leaf_size, order, family,
-                       gradient=gradient)
+                       gradient=gradient, tree=tree)
     sample, (n_src, dim) = None, sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
     eps_ = default_eps(kernel, dim, sources.dtype, _check_family(family)) if eps is None else eps
-    direct = _direct(kernel, dim, sources.dtype, n_src, n_tgt, eps_, order, leaf_size, family)
+    direct = _direct(kernel, dim, sources.dtype, n_src, n_tgt, eps_, order, leaf_size, family,
+                     tree)
     if not direct and (_sampled(kernel, dim, order, _check_family(family))
                        or isinstance(kernel, _kernels.Gaussian)):
         sample = _pair_sample(sources, targets)
     where = None if sample is None else (sample.lo.tobytes(), sample.side, sample.x.tobytes(),
                                          sample.y.tobytes())
     key = (kernel_values, sources.shape, None if targets is None else targets.shape,
-           jnp.dtype(sources.dtype).name, eps, leaf_size, order, family, where, gradient)
+           jnp.dtype(sources.dtype).name, eps, leaf_size, order, family, where, gradient,
+           tree == "auto")
     return _remember(_RESOLVED, key, lambda: resolve(sources, targets, kernel, eps, leaf_size,
-                                                     order, family, sample, gradient))
+                                                     order, family, sample, gradient, tree))
 
 
 # Source-target pairs below which the direct sum (all pairs of a one-box
@@ -386,11 +389,12 @@ _FLOORS = {"laplace3d": laplace3d_model.EPS_FLOOR, "laplace2d": laplace2d_model.
 
 
 def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float, order, leaf_size,
-            family) -> bool:
-    """Whether "auto" (no order or leaf size given) sums directly: fewer
-    source-target pairs than DIRECT_PAIRS for this backend, the kernel's
-    tree family, dim and dtype, scaled to eps."""
-    if family not in (None, "auto") or order is not None or leaf_size is not None:
+            family, tree="auto") -> bool:
+    """Whether "auto" (no order, leaf size or tree given) sums directly:
+    fewer source-target pairs than DIRECT_PAIRS for this backend, the
+    kernel's tree family, dim and dtype, scaled to eps."""
+    if (family not in (None, "auto") or order is not None or leaf_size is not None
+            or tree != "auto"):
         return False
     name = _tree_family(kernel, dim, "auto")[0].NAME
     table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from jfmm import kernels
 from jfmm.configure import Config
-from jfmm.ops import backend, far, translate
+from jfmm.ops import backend, translate
 from jfmm.tree import Tree, adaptive, lists
 
 
@@ -139,7 +139,7 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
                       kernel: kernels.Kernel, p: int, mode: str):
     """Local expansions of every box (B, K, P): P2L of the X lists, then
     level by level M2L over the V lists and L2L from the parent."""
-    loc = far.p2l(family, kernel, tree, q_sorted, p, mult)
+    loc = backend.far_p2l(family, kernel, tree, q_sorted, p, mult, mode)
     basis = family.m2l_basis(ops)
     ways = 2 ** tree.dim
     for level in range(2, tree.depth + 1):
@@ -176,7 +176,7 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     u = (tree.tgt_sorted - tree.center[leaf]) / side[leaf][:, None]
     coef = family.l2p_coefficients(loc, p, gradient)
     lphi, lgrad = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode)
-    wphi, wgrad = far.m2p(family, kernel, tree, mult, p, gradient)
+    wphi, wgrad = backend.far_m2p(family, kernel, tree, mult, p, gradient, mode)
     phi = phi + lphi + wphi
     grad = grad + lgrad + wgrad if gradient else None
     return phi, grad

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from jfmm._compat import Tracer
-from jfmm.ops import chebyshev, laplace3d, p2p, translate
+from jfmm.ops import chebyshev, far, laplace3d, p2p, translate
+from jfmm.ops.pallas import far as pallas_far
 from jfmm.ops.pallas import laplace3d as pallas_laplace3d
 from jfmm.ops.pallas import m2l as pallas_m2l
 from jfmm.ops.pallas import p2p as pallas_p2p
@@ -132,6 +133,27 @@ def m2l_blocks(grouped, cols, mats, dim: int, mode: str):
     tiles serve the dense grid alone; blocks take the bf16x6 products)."""
     return translate.m2l_blocks(grouped, cols, mats, dim,
                                 bf16x6=mode != "jnp" and _m2l != "float32")
+
+
+def far_m2p(family, kernel, tree, mult, p: int, gradient: bool, mode: str):
+    """`jfmm.ops.far.m2p` (the W list of an adaptive tree) on backend `mode`."""
+    if _family_twin(family, p, mode) is None:
+        return far.m2p(family, kernel, tree, mult, p, gradient)
+    t0, t1, boxes = far.entries(tree, tree.w_tile, tree.w_pos, tree.tgt_start,
+                                tree.tgt_sorted.shape[0])
+    return pallas_far.m2p(tree.tgt_sorted, laplace3d.m2p_coefficients(mult, p, gradient),
+                          tree.center, tree.box_side(tree.level), (t0, t1), boxes, gradient,
+                          interpret=mode == "interpret")
+
+
+def far_p2l(family, kernel, tree, q_sorted, p: int, size_like, mode: str):
+    """`jfmm.ops.far.p2l` (the X list of an adaptive tree) on backend `mode`."""
+    if _family_twin(family, p, mode) is None:
+        return far.p2l(family, kernel, tree, q_sorted, p, size_like)
+    t0, t1, boxes = far.entries(tree, tree.x_tile, tree.x_pos, tree.src_start,
+                                tree.src_sorted.shape[0])
+    return pallas_far.p2l(tree.src_sorted, q_sorted, tree.center, tree.box_side(tree.level),
+                          (t0, t1), boxes, p, interpret=mode == "interpret")
 
 
 def _family_twin(family, p: int, mode: str):

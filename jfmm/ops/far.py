@@ -29,23 +29,34 @@ HIGHEST = jax.lax.Precision.HIGHEST
 CHUNK_VALUES = 2 ** 26
 
 
-def _entries(tree, tile, pos, start, points, n_points: int):
-    """Per work-list entry: its tile's points (E, T, d) and live mask (E, T),
-    the point rows (E, T) (n_points where dead), and the boxes (E, C) it
-    concerns (B where none) with their centres (E, C, d) and sides (E, C)."""
+def entries(tree, tile, pos, start, n_points: int):
+    """A work list's entries: the point ranges [t0, t1) of their tiles (E,)
+    each (t0 = n_points where the entry is padding) and the boxes (E, C)
+    they concern (B where none)."""
     total, d = tree.n_boxes, tree.dim
     leaf, t0, t1 = adaptive.far_tiles(start, n_points)
     n_tiles = leaf.shape[0]
     ext = lambda a, fill: jnp.concatenate([a, jnp.full((1,) + a.shape[1:], fill, a.dtype)])  # noqa: E731
     lf = ext(leaf, total)[tile]
-    j = ext(tree.colleagues, total)[lf, pos]
-    first = ext(tree.first_child, total)[j]
+    first = ext(tree.first_child, total)[ext(tree.colleagues, total)[lf, pos]]
     kids = jnp.asarray(adaptive.far_children(d))[pos]
     boxes = jnp.where((kids >= 0) & (first[:, None] < total), first[:, None] + kids, total)
-    rows = ext(t0, n_points)[tile][:, None] + jnp.arange(adaptive.FAR_TILE, dtype=jnp.int32)
-    live = (rows < ext(t1, 0)[tile][:, None]) & (tile < n_tiles)[:, None]
+    real = tile < n_tiles
+    return jnp.where(real, ext(t0, n_points)[tile], n_points), \
+        jnp.where(real, ext(t1, 0)[tile], n_points), boxes
+
+
+def _entries(tree, tile, pos, start, points, n_points: int):
+    """Per work-list entry: its tile's points (E, T, d) and live mask (E, T),
+    the point rows (E, T) (n_points where dead), and the boxes (E, C) it
+    concerns (B where none) with their centres (E, C, d) and sides (E, C)."""
+    total = tree.n_boxes
+    t0, t1, boxes = entries(tree, tile, pos, start, n_points)
+    rows = t0[:, None] + jnp.arange(adaptive.FAR_TILE, dtype=jnp.int32)
+    live = rows < t1[:, None]
     rows = jnp.where(live, rows, n_points)
     pts = p2p.pad_rows(points, 1)[rows]
+    ext = lambda a, fill: jnp.concatenate([a, jnp.full((1,) + a.shape[1:], fill, a.dtype)])  # noqa: E731
     centre = ext(tree.center, 0)[boxes]
     side = ext(tree.box_side(tree.level), 1)[boxes]
     return pts, live, rows, boxes, centre, side

@@ -179,6 +179,36 @@ def regular_stream(u0, u1, u2, p: int, fma=None):
                 yield _index(n, m, 1), cur[1]
 
 
+def irregular_stream(u0, u1, u2, p: int, fma=None):
+    """Yield (flat index, T) for the irregular harmonics, n < p, real layout:
+    `irregular` unrolled column by column as `regular_stream` does (the
+    Pallas M2P and P2L kernels). u0, u1, u2: arrays of one shape, not all 0."""
+    fma = fma or (lambda a, b, c: a * b + c)
+    r2 = fma(u2, u2, fma(u1, u1, u0 * u0))
+    inv_r2 = 1.0 / r2
+    neg_u0 = -u0
+    d_re, d_im = jax.lax.rsqrt(r2), None          # T_m^m; None stands for 0
+    for m in range(p):
+        if m:                                   # T_m^m = (2m - 1) (u1 - i u0) / r^2 T_{m-1}^{m-1}
+            s = (2 * m - 1) * inv_r2
+            if d_im is None:
+                d_re, d_im = s * (u1 * d_re), s * (neg_u0 * d_re)
+            else:
+                d_re, d_im = s * fma(u1, d_re, u0 * d_im), s * fma(u1, d_im, neg_u0 * d_re)
+        cur, prev = (d_re, d_im), (None, None)
+        for n in range(m, p):
+            if n > m:                           # three-term recurrence in n
+                a, b = 2 * n - 1, (n - 1) ** 2 - m * m
+                nxt = tuple(None if c is None else
+                            (a * u2 * c * inv_r2 if q is None
+                             else fma(a * u2, c, (-b) * q) * inv_r2)
+                            for c, q in zip(cur, prev))
+                cur, prev = nxt, cur
+            yield _index(n, m, 0), cur[0]
+            if m:
+                yield _index(n, m, 1), cur[1]
+
+
 def _conj_sign(p: int) -> np.ndarray:
     """+1 on real parts, -1 on imaginary parts: conj in the real layout."""
     s = np.ones(p * p)
@@ -515,6 +545,28 @@ def m2p_basis(kernel, u, h, p: int, gradient: bool = False):
     tz = jnp.concatenate([t, jnp.zeros((t.shape[0], 1), t.dtype)], axis=1)
     g = jnp.sum(tz[:, idx] * jnp.asarray(coef, t.dtype), axis=-1)        # (n, 3, P)
     return b, jnp.swapaxes(g, 1, 2) * (w / (h * h)[:, None])[:, :, None]
+
+
+def m2p_coefficients(mult, p: int, gradient: bool):
+    """Per-box coefficient sets (B, K, E, Q) that M2P evaluates against the
+    irregular harmonics of degree < p + gradient (Q of them): phi =
+    sum_j c[0, j] T_j(u) / h and, with gradient (E = 4), d phi / d y_a =
+    sum_j c[1 + a, j] T_j(u) / h^2 (the derivative tables of `m2p_basis`
+    applied to the multipoles instead of the harmonics)."""
+    w = jnp.asarray(_pair_weight(p) * _conj_sign(p), mult.dtype)
+    m = mult * w
+    if not gradient:
+        return m[:, :, None, :]
+    q = (p + 1) ** 2
+    idx, coef = _irregular_derivative_tables(p)
+    table = np.zeros((3, p * p, q + 1))
+    for a in range(3):
+        for k in range(idx.shape[2]):
+            np.add.at(table[a], (np.arange(p * p), idx[a, :, k]), coef[a, :, k])
+    d = jnp.einsum("bkp,apq->bkaq", m, jnp.asarray(table[:, :, :q], m.dtype),
+                   precision=jax.lax.Precision.HIGHEST)
+    m = jnp.pad(m, ((0, 0), (0, 0), (0, q - p * p)))
+    return jnp.concatenate([m[:, :, None, :], d], axis=2)
 
 
 def p2l_basis(kernel, v, h, p: int):

@@ -1,0 +1,134 @@
+"""Adaptive against uniform trees: 3D Laplace on cube, sphere, Plummer and clustered points.
+
+    python benchmarks/bench_adaptive.py --sizes 20 --dtype float32 --eps 1e-5 \
+        --out docs/data/adaptive_float32.json
+
+Per point set and N: `jfmm.plan(points, eps, gradient=True, tree=...)` with
+the uniform and the adaptive tree, and the tree "auto" picks (with the
+crowding it measured, `jfmm.tree.crowding`). Times are medians after
+compilation: "total" is a jitted `plan.update(points).apply(charges,
+gradient=True)` (the tree rebuilt from the points, as every step of a
+simulation does), "build" the update alone, "apply" the sum on a built
+tree; "plan" is the first `jfmm.plan` call (sizing the adaptive tree's
+capacities and compiling included). For the adaptive tree the passes are
+also timed one by one (near field over U, P2M + M2M, P2L over X, M2L +
+L2L, L2P, M2P over W). Errors of potential and gradient are measured on
+1,000 sampled targets against a float64 direct sum of the same rounded
+inputs. --uniform-max bounds the N at which the uniform tree runs on the
+non-uniform sets (its near field grows like N^2 there).
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from common import Table, floats, make_points, median_time, parser, reference, rel, sample
+
+import jfmm
+from jfmm import configure, passes
+from jfmm.ops import backend
+from jfmm.tree import adaptive, crowding
+
+COLUMNS = [
+    ("points", "points", ""), ("n", "N", ","), ("dtype", "dtype", ""), ("eps", "eps", "g"),
+    ("tree", "tree", ""), ("order", "p", "d"), ("levels", "levels", "d"),
+    ("build_ms", "build ms", ".2f"), ("apply_ms", "apply ms", ".2f"),
+    ("total_ms", "total ms", lambda r: f"**{r['total_ms']:.2f}**"),
+    ("plan_s", "plan s", ".1f"), ("err_phi", "err phi", ".2e"), ("err_grad", "err grad", ".2e"),
+    ("auto", "auto", ""), ("crowding", "crowding", ".1f"),
+    ("near_ms", "U ms", ".2f"), ("up_ms", "up ms", ".2f"), ("p2l_ms", "X ms", ".2f"),
+    ("down_ms", "V ms", ".2f"), ("l2p_ms", "L2P ms", ".2f"), ("m2p_ms", "W ms", ".2f"),
+]
+
+
+def pass_times(pl, q, repeats):
+    """Median ms of each pass on an adaptive plan's tree, each jitted alone
+    (the operators passed in, as `Plan.apply` does, not baked in)."""
+    t, fam, ops, p, kern = pl.tree, pl.config.family, pl.ops, pl.order, pl.kernel
+    mode = backend.current()
+    qs = jnp.asarray(q)[t.src_perm][:, None]
+    near = jax.jit(lambda t, c: backend.near_field(kern, t.tgt_sorted, t.tgt_start, t.src_sorted,
+                                                   c, t.src_start, t.near, True, mode))
+    up = jax.jit(lambda t, c, o: passes.adaptive_upward(t, c, fam, o, p, t.box_side(t.level),
+                                                        mode))
+    mult = up(t, qs, ops)
+    x_list = jax.jit(lambda t, c, m: backend.far_p2l(fam, kern, t, c, p, m, mode))
+    down = jax.jit(lambda t, m, c, o: passes.adaptive_downward(t, m, c, fam, o, kern, p, mode))
+    loc = down(t, mult, qs, ops)
+
+    def evaluate(t, lc):
+        side = t.box_side(t.level)
+        leaf = t.tgt_leaf
+        u = (t.tgt_sorted - t.center[leaf]) / side[leaf][:, None]
+        coef = fam.l2p_coefficients(lc, p, True)
+        return backend.l2p(fam, u, coef, t.tgt_start, leaf, side, p, True, mode)
+
+    w_list = jax.jit(lambda t, m: backend.far_m2p(fam, kern, t, m, p, True, mode))
+    ms = lambda f, *a: 1e3 * median_time(f, *a, repeats=repeats)     # noqa: E731
+    return dict(near_ms=ms(near, t, qs), up_ms=ms(up, t, qs, ops),
+                p2l_ms=ms(x_list, t, qs, mult), down_ms=ms(down, t, mult, qs, ops),
+                l2p_ms=ms(jax.jit(evaluate), t, loc), m2p_ms=ms(w_list, t, mult))
+
+
+def main():
+    ap = parser(__doc__)
+    ap.add_argument("--sizes", default="20", help="log2 N, comma-separated")
+    ap.add_argument("--kinds", default="cube,sphere,plummer,clusters")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--eps", default="1e-5", help="comma-separated")
+    ap.add_argument("--trees", default="uniform,adaptive")
+    ap.add_argument("--uniform-max", type=int, default=20, help="log2 N: largest uniform run "
+                    "on non-uniform points")
+    ap.add_argument("--passes", action="store_true", help="time the adaptive passes one by one")
+    args = ap.parse_args()
+    dtype = np.dtype(args.dtype)
+    if dtype == np.float64:
+        jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(args.seed)
+    table = Table(f"3D Laplace, uniform and adaptive trees, {args.dtype}", COLUMNS)
+    total = jax.jit(lambda pl, x, q: pl.update(x).apply(q, gradient=True))
+    build = jax.jit(lambda pl, x: pl.update(x).tree)
+    apply = jax.jit(lambda pl, q: pl.apply(q, gradient=True))
+    for k in (int(v) for v in args.sizes.split(",")):
+        n = 2 ** k
+        for kind in args.kinds.split(","):
+            x64 = make_points(kind, n, rng)
+            q64 = rng.random(n) - 0.5
+            x, q = jnp.asarray(x64, dtype), jnp.asarray(q64, dtype)
+            idx = sample(rng, n)
+            xr, qr = np.asarray(x, np.float64), np.asarray(q, np.float64)
+            ref, gref = reference(xr, qr, xr[idx])
+            for eps in floats(args.eps):
+                for tree in args.trees.split(","):
+                    if tree == "uniform" and kind != "cube" and k > args.uniform_max:
+                        continue
+                    t0 = time.perf_counter()
+                    pl = jfmm.plan(x, eps=eps, gradient=True, tree=tree)
+                    jax.block_until_ready(pl.tree)
+                    plan_s = time.perf_counter() - t0
+                    phi, grad = total(pl, x, q)
+                    row = dict(points=kind, n=n, dtype=args.dtype, eps=eps, tree=tree,
+                               order=pl.order, levels=getattr(pl.tree, "depth", None),
+                               plan_s=plan_s,
+                               total_ms=1e3 * median_time(total, pl, x, q, repeats=args.repeats),
+                               build_ms=1e3 * median_time(build, pl, x, repeats=args.repeats),
+                               apply_ms=1e3 * median_time(apply, pl, q, repeats=args.repeats),
+                               err_phi=rel(np.asarray(phi)[idx], ref),
+                               err_grad=rel(np.asarray(grad)[idx], gref))
+                    if tree == "adaptive":
+                        cfg = configure.resolve_eager(x, None, jfmm.kernels.Laplace3D(), eps,
+                                                      None, None, None, True)
+                        row["crowding"] = float(crowding(x, None, cfg.depth))
+                        row["auto"] = configure.choose_tree(cfg, x, None, "auto").tree
+                        row["boxes"] = pl.tree.n_boxes
+                        row["w"], row["x"] = pl.tree.caps.w, pl.tree.caps.x
+                        if args.passes:
+                            row.update(pass_times(pl, q, args.repeats))
+                    table.add(row)
+    table.save(args.out)
+
+
+if __name__ == "__main__":
+    main()
