@@ -287,11 +287,10 @@ def _level_step(state, l, leaf_size, cap_next):
     cell = jnp.where(active, box * ways + slot, n_box * ways)
 
     def child_counts(mask):
-        return (jnp.zeros(n_box * ways + 1, jnp.int32).at[cell].add(mask.astype(jnp.int32))
-                [:-1].reshape(n_box, ways))
+        return _scatter(mask.astype(jnp.int32), cell, n_box * ways, "add", 0).reshape(n_box, ways)
 
     def child_spread(op, fill):                         # min or max of q per child
-        return getattr(jnp.full((n_box * ways + 1, d), fill, q.dtype).at[cell], op)(q)[:-1]
+        return _scatter(q, cell, n_box * ways, op, fill)
 
     lo_c = child_spread("min", jnp.inf).reshape(n_box, ways, d)
     hi_c = child_spread("max", -jnp.inf).reshape(n_box, ways, d)
@@ -325,6 +324,30 @@ def _level_step(state, l, leaf_size, cap_next):
     nxt_box = jnp.where(goes_on, first_ext[jnp.where(active, box, n_box)] + slot, -1)
     nxt_box = jnp.where(nxt_box < cap, nxt_box, -1)      # dropped by an overflow
     return split, first, nxt_valid, parent, nxt_coll, nxt_box, made
+
+
+# Slots a grouped scatter may hold (`_scatter`).
+_GROUPED_SLOTS = 2 ** 24
+
+
+def _scatter(values, index, size: int, op: str, fill):
+    """(size, ...) reduction of values (P, ...) by index (P,) in [0, size]
+    (size: dropped) with op "add", "min" or "max". Few slots take many
+    points at a tree's coarse levels, and a GPU's atomics on one address
+    serialise: the points are cut into G groups that reduce into slots of
+    their own first (G x size at most _GROUPED_SLOTS), then over G."""
+    n = values.shape[0]
+    groups = int(max(1, min(1024, _GROUPED_SLOTS // max(size + 1, 1), n // 256)))
+    if jax.default_backend() == "cpu":              # no atomics to spread
+        groups = 1
+    pad = -n % groups
+    values = jnp.concatenate([values, jnp.full((pad,) + values.shape[1:], fill, values.dtype)])
+    index = jnp.concatenate([index, jnp.full(pad, size, index.dtype)])
+    g = jnp.arange(values.shape[0], dtype=index.dtype) // (values.shape[0] // groups)
+    out = jnp.full((groups * (size + 1),) + values.shape[1:], fill, values.dtype)
+    out = getattr(out.at[g * (size + 1) + index], op)(values)
+    out = out.reshape((groups, size + 1) + values.shape[1:])[:, :size]
+    return {"add": jnp.sum, "min": jnp.min, "max": jnp.max}[op](out, axis=0)
 
 
 def _root_state(sources, targets):
