@@ -273,8 +273,7 @@ def _new_plan(sources, targets, kernel, config: Config, order=None) -> Plan:
     """The plan of a configuration: its tree (an adaptive one sized from
     these concrete points, and the order for it) and operators."""
     if config.tree == "adaptive":
-        caps = _adaptive.capacities(sources, targets, config.leaf)
-        tree = _adaptive_jit(sources, targets, config.leaf, caps)
+        tree = _adaptive.plan_tree(sources, targets, config.leaf)
         config = _configure.on_tree(config, tree, kernel, sources, targets, order)
     else:
         tree = _build_jit(sources, targets, config.depth)

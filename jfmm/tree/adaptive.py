@@ -350,6 +350,7 @@ def _scatter(values, index, size: int, op: str, fill):
     return {"add": jnp.sum, "min": jnp.min, "max": jnp.max}[op](out, axis=0)
 
 
+@jax.jit
 def _root_state(sources, targets):
     """The root box and level 0's state for `_level_step`."""
     both = sources if targets is None else jnp.concatenate([sources, targets])
@@ -376,10 +377,36 @@ def _trim(step, size_next: int):
             jnp.where(box < size_next, box, -1), made)
 
 
-def _full_step(state, l, leaf_size: int):
-    """`_level_step` with 2^d child slots per box: one compiled step per
-    level size."""
-    return _step(state, l, leaf_size, 2 ** state[2].shape[1] * state[4].shape[0])
+@functools.partial(jax.jit, static_argnums=(1,))
+def _padded(level_state, size: int):
+    """A level's (valid, colleagues) with slots up to `size` (invalid
+    boxes; the sentinel moved to size)."""
+    valid, coll = level_state
+    cap = valid.shape[0]
+    coll = jnp.where(coll >= cap, size, coll)
+    return (jnp.concatenate([valid, jnp.zeros(size - cap, bool)]),
+            jnp.concatenate([coll, jnp.full((size - cap, coll.shape[1]), size, coll.dtype)]))
+
+
+def _padded_step(state, l, leaf_size: int):
+    """`_level_step` of level l with its slots padded to a power of two, and
+    2^d child slots each (few sizes compile, shared by the sizing and every
+    build)."""
+    box, is_src, q, deepest, valid, coll = state
+    cap = valid.shape[0]
+    size = 1 << (cap - 1).bit_length()
+    if size != cap:
+        valid, coll = _padded((valid, coll), size)
+    return _step((box, is_src, q, deepest, valid, coll), l, leaf_size, 2 ** q.shape[1] * size)
+
+
+def _step_at(state, l, leaf_size: int, cap_next: int, step=None):
+    """`_padded_step` (or its result `step`) with the next level cut to
+    cap_next slots and this level's results to its own."""
+    cap = state[4].shape[0]
+    step = _padded_step(state, l, leaf_size) if step is None else step
+    split, first, nvalid, nparent, ncoll, nbox, made = _trim(step, cap_next)
+    return split[:cap], first[:cap], nvalid, nparent, ncoll, nbox, made
 
 
 def room(count: int, multiple: int = 1) -> int:
@@ -403,12 +430,12 @@ def _level_capacities(sources, targets, leaf_size: int) -> tuple:
     ways = 2 ** sources.shape[1]
     caps, l = [1], 0
     while True:
-        step = _full_step(state, l, leaf_size)
+        step = _padded_step(state, l, leaf_size)
         made = int(step[-1])
         if made == 0:
             return tuple(caps)
         caps.append(min(room(made, ways), ways * caps[-1]))     # no more than can be made
-        _, _, valid, _, coll, box, _ = _trim(step, caps[-1])
+        _, _, valid, _, coll, box, _ = _step_at(state, l, leaf_size, caps[-1], step)
         state = (box, state[1], state[2], state[3], valid, coll)
         l += 1
 
@@ -416,56 +443,88 @@ def _level_capacities(sources, targets, leaf_size: int) -> tuple:
 def capacities(sources, targets, leaf_size: int) -> Capacities:
     """The capacities of these (concrete) points' tree (host-side sizing,
     one compiled level step per level size; `build` then runs on device)."""
+    return plan_tree(sources, targets, leaf_size).caps
+
+
+def plan_tree(sources, targets, leaf_size: int) -> AdaptiveTree:
+    """The tree of these (concrete) points with capacities sized from them:
+    the levels' sizes from their steps on the host, then the tree built
+    outside jit (its level steps compiled once, for the sizing and the
+    build alike), then the work lists sized and made. What `jfmm.plan`
+    calls; `build` under jit rebuilds with the same capacities."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
     levels = _level_capacities(sources, targets, leaf_size)
-    tree = _build_jit(sources, targets, leaf_size, Capacities(levels, 1, 1))
+    tree = build(sources, targets, leaf_size, Capacities(levels, None, None))
     w, x = (int(v) for v in _far_counts(tree))
-    return Capacities(levels, room(w), room(x))
+    return work_lists(tree, Capacities(levels, room(w), room(x)))
 
 
 def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     """The adaptive tree of sources (N, d) and targets (M, d) or None (the
-    sources), with the capacities `caps` (`capacities`). jit-able with
-    leaf_size and caps static."""
+    sources), with the capacities `caps` (`capacities`; caps.w None: no
+    work lists yet). jit-able with leaf_size and caps static."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
     lo, side, state = _root_state(sources, targets)
     d = sources.shape[1]
-    ways = 2 ** d
     offsets = tuple(int(v) for v in np.concatenate([[0], np.cumsum(caps.levels)]))
     total = offsets[-1]
-    levels, parents, firsts, leaves, valids, colls, coords = [], [], [], [], [], [], []
+    steps = []
     leaf_of = jnp.full(state[2].shape[0], total, jnp.int32)
-    parent = jnp.full(1, total, jnp.int32)
-    coord = jnp.zeros((1, d), jnp.int32)
-    bits = jnp.asarray(lists.child_bits(d))
     overflow = jnp.zeros((), bool)
     for l, cap in enumerate(caps.levels):
-        box, _, _, _, valid, coll = state
         cap_next = caps.levels[l + 1] if l + 1 < len(caps.levels) else 0
-        split, first, nvalid, nparent, ncoll, nbox, made = _trim(
-            _full_step(state, l, leaf_size), cap_next)
+        step = _step_at(state, l, leaf_size, cap_next)
+        split, first, nvalid, nparent, ncoll, nbox, made = step
         overflow = overflow | (made > cap_next)
-        off, nxt = offsets[l], offsets[l + 1]
-        levels.append(jnp.full(cap, l, jnp.int32))
+        leaf_of = _settle(leaf_of, state[0], split, offsets[l])
+        steps.append((state[4], state[5], split, first, nparent))
+        state = (nbox, state[1], state[2], state[3], nvalid, ncoll)
+    tree = _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size, caps.levels)
+    return tree if caps.w is None else work_lists(tree, caps)
+
+
+@jax.jit
+def _settle(leaf_of, box, split, offset):
+    """leaf_of with the points whose level box did not split set to it."""
+    settled = (box >= 0) & ~split[jnp.maximum(box, 0)]
+    return jnp.where(settled, offset + box, leaf_of)
+
+
+@functools.partial(jax.jit, static_argnums=(7, 8))
+def _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size: int,
+              levels: tuple) -> AdaptiveTree:
+    """The tree from its levels' steps ((valid, colleagues, split, first
+    child, next level's parents), local indices) and the points' leaves:
+    global numbering, centres, the points sorted by leaf, the U lists; no
+    work lists."""
+    cat = jnp.concatenate
+    d = sources.shape[1]
+    ways = 2 ** d
+    offsets = np.concatenate([[0], np.cumsum(levels)])
+    total = int(offsets[-1])
+    bits = jnp.asarray(lists.child_bits(d))
+    parents, firsts, leaves, valids, colls, coords = [], [], [], [], [], []
+    parent = jnp.full(1, total, jnp.int32)
+    coord = jnp.zeros((1, d), jnp.int32)
+    for l, (valid, coll, split, first, nparent) in enumerate(steps):
+        cap, off, nxt = levels[l], int(offsets[l]), int(offsets[l + 1])
+        cap_next = int(levels[l + 1]) if l + 1 < len(levels) else 0
         parents.append(parent)
         firsts.append(jnp.where(first < cap_next, nxt + first, total))
         leaves.append(valid & ~split)
         valids.append(valid)
         colls.append(jnp.where(coll < cap, off + coll, total))
         coords.append(coord)
-        settled = (box >= 0) & ~split[jnp.maximum(box, 0)]
-        leaf_of = jnp.where(settled, off + box, leaf_of)
         parent = jnp.where(nparent < cap, off + nparent, total)
         slot = jnp.arange(cap_next, dtype=jnp.int32) % ways
+        nvalid = nparent < cap
         coord = jnp.where(nvalid[:, None], 2 * coord[jnp.minimum(nparent, cap - 1)] + bits[slot],
                           0)
-        state = (nbox, state[1], state[2], state[3], nvalid, ncoll)
-    cat = jnp.concatenate
-    level = cat(levels)
+    level = cat([jnp.full(cap, l, jnp.int32) for l, cap in enumerate(levels)])
     h = jnp.ldexp(side, -level)
-    center = lo + (2 * cat(coords) + 1).astype(lo.dtype) * (h / 2)[:, None]   # exact
+    center = lo + (2 * cat(coords) + 1).astype(lo.dtype) * (h / 2)[:, None]     # exact
     n = sources.shape[0]
 
     def sort(points, leaf_idx):
@@ -477,20 +536,26 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     src = sort(sources, leaf_of[:n])
     tgt = src if targets is None else sort(targets, leaf_of[n:])
     both = sources if targets is None else cat([sources, targets])
+    empty = jnp.zeros(0, jnp.int32)
     tree = AdaptiveTree(lo, side, level, cat(parents), cat(firsts), cat(leaves), cat(valids),
-                        cat(colls), center, *src, *tgt, jnp.zeros((total, 1), jnp.int32),
-                        *(jnp.zeros(0, jnp.int32),) * 4, jnp.all(jnp.isfinite(both)),
+                        cat(colls), center, *src, *tgt, jnp.zeros((total, 1), jnp.int32), empty,
+                        empty, empty, empty, jnp.all(jnp.isfinite(both)),
                         overflow | jnp.any(leaf_of == total), dim=d, leaf_size=leaf_size,
-                        caps=Capacities(caps.levels, 0, 0), shared=targets is None)
+                        caps=Capacities(levels, None, None), shared=targets is None)
+    return dataclasses.replace(tree, near=near_lists(tree))
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def work_lists(tree: AdaptiveTree, caps: Capacities) -> AdaptiveTree:
+    """The tree with its W and X work lists of caps.w and caps.x entries
+    (`far_pairs`), `overflow` set where they need more."""
     w_tile, w_pos, w_count = far_pairs(tree, tree.tgt_start, tree.tgt_sorted.shape[0], caps.w)
-    x_tile, x_pos, x_count = ((w_tile, w_pos, w_count) if targets is None
-                              else far_pairs(tree, tree.src_start, n, caps.x))
+    x_tile, x_pos, x_count = ((w_tile, w_pos, w_count) if tree.shared
+                              else far_pairs(tree, tree.src_start, tree.src_sorted.shape[0],
+                                             caps.x))
     return dataclasses.replace(
-        tree, near=near_lists(tree), w_tile=w_tile, w_pos=w_pos, x_tile=x_tile, x_pos=x_pos,
+        tree, w_tile=w_tile, w_pos=w_pos, x_tile=x_tile, x_pos=x_pos,
         overflow=tree.overflow | (w_count > caps.w) | (x_count > caps.x), caps=caps)
-
-
-_build_jit = jax.jit(build, static_argnums=(2, 3))
 
 
 # ------------------------------------------------------------------ lists
