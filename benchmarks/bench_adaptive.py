@@ -33,7 +33,7 @@ from jfmm.tree import adaptive, crowding
 
 COLUMNS = [
     ("points", "points", ""), ("n", "N", ","), ("dtype", "dtype", ""), ("eps", "eps", "g"),
-    ("tree", "tree", ""), ("order", "p", "d"), ("levels", "levels", "d"),
+    ("tree", "tree", ""), ("order", "p", "d"), ("leaf", "leaf", ""), ("levels", "levels", "d"),
     ("build_ms", "build ms", ".2f"), ("apply_ms", "apply ms", ".2f"),
     ("total_ms", "total ms", lambda r: f"**{r['total_ms']:.2f}**"),
     ("plan_s", "plan s", ".1f"), ("err_phi", "err phi", ".2e"), ("err_grad", "err grad", ".2e"),
@@ -82,7 +82,12 @@ def main():
     ap.add_argument("--uniform-max", type=int, default=20, help="log2 N: largest uniform run "
                     "on non-uniform points")
     ap.add_argument("--passes", action="store_true", help="time the adaptive passes one by one")
+    ap.add_argument("--adaptive-leaf", type=int, default=None,
+                    help="leaf capacity over the uniform tree's mean occupancy "
+                         "(configure.ADAPTIVE_LEAF)")
     args = ap.parse_args()
+    if args.adaptive_leaf:
+        configure.ADAPTIVE_LEAF = args.adaptive_leaf
     dtype = np.dtype(args.dtype)
     if dtype == np.float64:
         jax.config.update("jax_enable_x64", True)
@@ -110,6 +115,7 @@ def main():
                     plan_s = time.perf_counter() - t0
                     phi, grad = total(pl, x, q)
                     row = dict(points=kind, n=n, dtype=args.dtype, eps=eps, tree=tree,
+                               leaf=getattr(pl.tree, "leaf_size", None),
                                order=pl.order, levels=getattr(pl.tree, "depth", None),
                                plan_s=plan_s,
                                total_ms=1e3 * median_time(total, pl, x, q, repeats=args.repeats),

@@ -466,7 +466,9 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     work lists yet). jit-able with leaf_size and caps static."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
-    lo, side, state = _root_state(sources, targets)
+    # Only the sorted points carry derivatives (the boxes are piecewise
+    # constant in them): differentiating the rest only makes programs larger.
+    lo, side, state = _root_state(*jax.lax.stop_gradient((sources, targets)))
     d = sources.shape[1]
     offsets = tuple(int(v) for v in np.concatenate([[0], np.cumsum(caps.levels)]))
     total = offsets[-1]

@@ -28,14 +28,17 @@ def point_sets(dim, rng):
 
 
 def geometry(tree):
-    """Integer coordinates and levels of the valid boxes (numpy)."""
+    """The tree as numpy arrays, and the integer coordinates of its boxes
+    (B, d), from the parents level by level (the tree's own centres are
+    checked against them)."""
     t = jax.tree_util.tree_map(np.asarray, tree)
     bits = lists.child_bits(tree.dim)
     slot = np.asarray(tree.slot())
     coords = np.zeros((tree.n_boxes, tree.dim), np.int64)
-    for b in range(tree.n_boxes):
-        if t.valid[b] and t.parent[b] < tree.n_boxes:
-            coords[b] = 2 * coords[t.parent[b]] + bits[slot[b]]
+    for level in range(1, tree.depth + 1):
+        b = np.arange(tree.offsets[level], tree.offsets[level + 1])
+        b = b[t.valid[b]]
+        coords[b] = 2 * coords[t.parent[b]] + bits[slot[b]]
     return t, coords
 
 
@@ -68,9 +71,11 @@ def all_lists(tree):
 @pytest.mark.parametrize("dim", [2, 3])
 def test_lists_cover_every_leaf_pair_once(dim, rng):
     for name, (src, tgt) in point_sets(dim, rng).items():
-        caps = adaptive.capacities(src, tgt, 8)
-        build = jax.jit(adaptive.build, static_argnums=(2, 3)) if name == "line" else adaptive.build
-        tree = build(src, tgt, 8, caps)                 # eager and under jit alike
+        tree = adaptive.plan_tree(src, tgt, 8)
+        if name == "line":                           # under jit alike
+            again = jax.jit(adaptive.build, static_argnums=(2, 3))(src, tgt, 8, tree.caps)
+            for a, b in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(again)):
+                np.testing.assert_array_equal(a, b)
         check_work_lists(tree)
         assert not bool(tree.overflow), name
         t, coords = geometry(tree)
@@ -82,16 +87,24 @@ def test_lists_cover_every_leaf_pair_once(dim, rng):
         # each kind unless those coincide.
         assert np.sum(2.0 ** (-dim * lev[leaves])) == pytest.approx(1.0), name
         lo, side = np.asarray(tree.lo, np.float64), float(tree.side)
-        for perm, start, pts in ((t.src_perm, t.src_start, src),
-                                 (t.tgt_perm, t.tgt_start, src if tgt is None else tgt)):
+        for perm, start, leaf_of, pts in ((t.src_perm, t.src_start, t.src_leaf, src),
+                                          (t.tgt_perm, t.tgt_start, t.tgt_leaf,
+                                           src if tgt is None else tgt)):
             assert start[total] == len(pts)
-            for b in leaves:
-                own = pts[perm[start[b]:start[b + 1]]]
-                assert len(own) <= 8 or np.ptp(own, axis=0).max() == 0, name
-                # inside the leaf, up to float32 rounding of the coordinates
-                pos = (own - lo) / side * 2.0 ** lev[b] - coords[b]
-                slack = 2.0 ** lev[b] * 2e-7
-                assert np.all((pos >= -slack) & (pos <= 1 + slack)), name
+            np.testing.assert_array_equal(np.repeat(np.arange(total), np.diff(start)[:total]),
+                                          leaf_of)
+            assert np.all(t.leaf[leaf_of]), name
+            own = pts[perm]
+            count = np.diff(start)[leaf_of]
+            first = own[start[leaf_of]]                 # each leaf's first point
+            spread = np.zeros(total)
+            np.maximum.at(spread, leaf_of, np.abs(own - first).max(axis=1))
+            assert np.all((count <= 8) | (spread[leaf_of] == 0)), name
+            # inside the leaf, up to float32 rounding of the coordinates
+            scale = 2.0 ** lev[leaf_of]
+            pos = (own - lo) / side * scale[:, None] - coords[leaf_of]
+            slack = (scale * 2e-7)[:, None]
+            assert np.all((pos >= -slack) & (pos <= 1 + slack)), name
 
         top = int(lev.max())
         blo, bhi = box_bounds(t, coords, top)
@@ -135,38 +148,39 @@ def check_work_lists(tree):
     (source) tile's W (X) entries, every box centre the middle of its box."""
     t = jax.tree_util.tree_map(np.asarray, tree)
     total, d = tree.n_boxes, tree.dim
-    u, w, x = (np.asarray(a) for a in (adaptive.u_list(tree), adaptive.w_list(tree),
-                                       adaptive.x_list(tree)))
-    assert t.near.shape[1] == adaptive.near_width(d)
-    for b in range(total):
-        assert sorted(t.near[b][t.near[b] < total]) == sorted(u[b][u[b] < total])
+    u, w, x = (np.asarray(a) for a in jax.jit(lambda tr: (
+        adaptive.u_list(tr), adaptive.w_list(tr), adaptive.x_list(tr)))(tree))
+    width = adaptive.near_width(d)
+    u = np.sort(u, axis=1)
+    np.testing.assert_array_equal(u[:, :width], t.near)
+    assert np.all(u[:, width:] == total)
     kids = adaptive.far_children(d)
     for start, tile, pos, n, ref in ((t.tgt_start, t.w_tile, t.w_pos, len(t.tgt_sorted), w),
                                      (t.src_start, t.x_tile, t.x_pos, len(t.src_sorted), None)):
-        leaf, t0, t1 = (np.asarray(a) for a in adaptive.far_tiles(start, n))
-        got = {}
-        for k, j in zip(tile, pos):
-            if k < len(leaf):
-                first = t.first_child[t.colleagues[leaf[k], j]]
-                got.setdefault(leaf[k], []).extend(first + c for c in kids[j] if c >= 0)
-        for b in set(leaf[leaf < total]):
-            if ref is not None:                 # W(b): the far children it evaluates
-                want = list(ref[b][ref[b] < total]) * int(np.sum(leaf == b))
-                assert sorted(got.get(b, [])) == sorted(want), b
-            for c in got.get(b, []):            # X(c) holds b (transposes)
-                assert b in x[c], (b, c)
-    level = t.level[:total]
-    h = float(tree.side) * 2.0 ** -level
-    geo_t, coords = geometry(tree)
+        leaf = np.asarray(adaptive.far_tiles(start, n)[0])
+        real = tile < len(leaf)
+        lf, j = leaf[tile[real]], pos[real]
+        first = t.first_child[t.colleagues[lf, j]]
+        box = first[:, None] + kids[j]
+        got = np.stack([np.broadcast_to(lf[:, None], box.shape), box], -1)[kids[j] >= 0]
+        got = got[np.lexsort(got.T[::-1])]
+        if ref is not None:                  # W(b), once per tile of b
+            tiles_of = np.bincount(leaf[leaf < total], minlength=total)
+            b, c = np.nonzero(ref < total)
+            want = np.repeat(np.stack([b, ref[b, c]], -1), tiles_of[b], axis=0)
+            np.testing.assert_array_equal(got, want[np.lexsort(want.T[::-1])])
+        assert np.all(np.any(x[got[:, 1]] == got[:, :1], axis=1))   # X(c) holds b
+    t, coords = geometry(tree)
+    h = float(tree.side) * 2.0 ** -t.level.astype(np.float64)
     want = np.asarray(tree.lo, np.float64) + (coords + 0.5) * h[:, None]
-    ok = t.valid[:total]
+    ok = t.valid
     assert np.array_equal(np.asarray(t.center, np.float64)[ok], want[ok])
 
 
 def test_overflow_is_set_when_capacities_are_short(rng):
     x = clustered(150, rng, 2)
-    caps = adaptive.capacities(x, None, 8)
-    tree = adaptive.build(x, None, 8, caps)
+    tree = adaptive.plan_tree(x, None, 8)
+    caps = tree.caps
     widest = int(np.argmax(caps.levels))
     made = int(np.asarray(tree.valid)[tree.offsets[widest]:tree.offsets[widest + 1]].sum())
     levels = list(caps.levels)
