@@ -44,13 +44,16 @@ TREES = ("auto", "uniform", "adaptive")
 # tree of the chosen depth would do this many times the near-field work it
 # does on evenly spread points (`jfmm.tree.crowding`). H100, 3D Laplace,
 # 2^20 points, float32 eps 1e-5 (docs/BENCHMARKS.md, "Adaptive tree"): a
-# sphere's surface (crowding 4.4) ran 9.3 ms on the uniform tree and 61 on
-# the adaptive one, Plummer (1,180) 808 against 36, clusters (530) 355
-# against about 40; the bar sits between them.
+# sphere's surface (crowding 4.4) ran 9.2 ms on the uniform tree and 24 on
+# the adaptive one, Plummer (1,180) 808 against 30, clusters (530) 357
+# against 44; the bar sits between them, where nothing was measured.
 CROWDING = 20.0
 # An adaptive tree's leaves hold at most this many times the uniform tree's
-# mean points per leaf (on uniform points the two trees then coincide).
-ADAPTIVE_LEAF = 2
+# mean points per leaf. H100, 3D Laplace float32 eps 1e-5, 2^20 points: 4
+# against 2 took Plummer from 35.7 to 30.2 ms and a sphere from 57.9 to 24.1
+# (fewer boxes for M2L, more pairs for the near field); float64 eps 1e-8
+# was measured at 2 (docs/BENCHMARKS.md, "Adaptive tree").
+ADAPTIVE_LEAF = 4
 DEFAULT_EPS = {"float32": 1e-5, "float64": 1e-6}
 
 
