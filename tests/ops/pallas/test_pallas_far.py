@@ -1,0 +1,27 @@
+"""The Pallas M2P and P2L kernels (interpreted) against their jnp twins on
+an adaptive tree's W and X work lists (float32, as the GPU runs them by
+default; the kernels' arithmetic is the same in float64)."""
+import jax.numpy as jnp
+import numpy as np
+from conftest import charges, points, rel
+from test_adaptive import scales
+
+from jfmm.ops import backend, far, laplace3d
+from jfmm.tree import adaptive
+
+
+def test_far_kernels_match_jnp(rng):
+    dtype, tol = np.float32, 2e-6
+    x, y = scales(200, rng, 3).astype(dtype), points("sphere", 100, rng, 3).astype(dtype)
+    tree = adaptive.plan_tree(jnp.asarray(x), jnp.asarray(y), 8)
+    p = 6
+    mult = jnp.asarray(rng.normal(size=(tree.n_boxes, 2, p * p)).astype(dtype))
+    qs = jnp.asarray(charges(200, rng, 2).astype(dtype))
+    for mode in ("jnp", "interpret"):
+        assert backend._far_twin(laplace3d, p, mode) == (mode == "interpret")
+    want = far.m2p(laplace3d, None, tree, mult, p, True)
+    got = backend.far_m2p(laplace3d, None, tree, mult, p, True, "interpret")
+    assert rel(got[0], want[0]) < tol and rel(got[1], want[1]) < tol
+    want = far.p2l(laplace3d, None, tree, qs, p, mult)
+    got = backend.far_p2l(laplace3d, None, tree, qs, p, mult, "interpret")
+    assert rel(got, want) < tol
