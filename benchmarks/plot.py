@@ -25,6 +25,11 @@ which are missing) and saved as a PNG in --docs:
                      before and after the orders followed the outputs asked
                      for, with the measured errors (bench_orders:
                      orders_3d.json, orders_3d_before.json)
+  adaptive.png       3D Laplace at 2^20 on cube, sphere, Plummer and
+                     clustered points, uniform against adaptive trees
+                     (bench_adaptive: adaptive_float32.json,
+                     adaptive_leaf4.json, adaptive_float64.json,
+                     adaptive_float64_far_pallas.json)
 """
 import argparse
 import json
@@ -409,7 +414,47 @@ def orders(data, docs):
     return True
 
 
-FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, crossover, orders)
+def adaptive(data, docs):
+    found = load_all(data, ["adaptive_float32.json", "adaptive_leaf4.json",
+                            "adaptive_float64.json", "adaptive_float64_far_pallas.json"])
+    if "adaptive_float32.json" not in found:
+        return False
+    kinds = ("cube", "sphere", "plummer", "clusters")
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
+    bars = [("adaptive_float32.json", "uniform", "uniform tree", "0.6"),
+            ("adaptive_float32.json", "adaptive", "adaptive, leaf 2x", "C1"),
+            ("adaptive_leaf4.json", "adaptive", "adaptive, leaf 4x", "C0")]
+    panels = [(axes[0], bars, "float32, eps 1e-5"),
+              (axes[1], [("adaptive_float64.json", "uniform", "uniform tree", "0.6"),
+                         ("adaptive_float64.json", "adaptive", "adaptive, jnp W and X", "C1"),
+                         ("adaptive_float64_far_pallas.json", "adaptive",
+                          "adaptive, Pallas W and X", "C3")], "float64, eps 1e-8")]
+    for ax, series, title in panels:
+        width = 0.8 / len(series)
+        for i, (name, tree, label, color) in enumerate(series):
+            if name not in found:
+                continue
+            rows = {r["points"]: r for r in found[name][1] if r["tree"] == tree}
+            x = [k for k, kind in enumerate(kinds) if kind in rows]
+            ys = [rows[kinds[k]]["total_ms"] for k in x]
+            pos = np.array(x) + (i - (len(series) - 1) / 2) * width
+            ax.bar(pos, ys, width, color=color, label=label)
+            for xp, k, y in zip(pos, x, ys):
+                r = rows[kinds[k]]
+                ax.text(xp, y, f"{y:.0f}\n{max(r['err_phi'], r['err_grad']):.0e}",
+                        ha="center", va="bottom", fontsize=6)
+        ax.set_yscale("log")
+        plain_y(ax)
+        ax.set_xticks(range(len(kinds)), kinds)
+        ax.set(ylabel="ms (tree build + potential and gradient)", title=title)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("3D Laplace, N = 2^20: uniform and adaptive trees (labels: ms, larger "
+                 "measured error); " + where(env for env, _ in found.values()), fontsize=10)
+    save(fig, docs, "adaptive.png")
+    return True
+
+
+FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, crossover, orders, adaptive)
 
 
 def main():

@@ -91,7 +91,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     points per leaf the tree depth aims at, and order, which overrides the
     expansion order chosen from eps.
 
-    jit-able with eps, gradient, leaf_size and the kernel's structure static;
+    jit-able with eps, gradient, leaf_size, tree and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes
     can overflow anything. Non-finite coordinates raise eagerly and give NaN
     results under jit. Eager calls remember their choices

@@ -150,7 +150,8 @@ def test_eager_calls_on_the_same_arrays_reuse_one_plan(rng):
         ref, gref = radial_reference(kernel, np.asarray(pts), q)
         assert np.linalg.norm(phi - ref) / np.linalg.norm(ref) < eps
         assert np.linalg.norm(grad - gref) / np.linalg.norm(gref) < 10 * eps
-    first = api._eager_plan(x, None, kernel, eps, None, None, None, True)
-    assert first is api._eager_plan(x, None, kernel, eps, None, None, None, True)
-    assert first is not api._eager_plan(jnp.array(x), None, kernel, eps, None, None, None, True)
-    assert first is not api._eager_plan(x, None, K.Gaussian(5.0), eps, None, None, None, True)
+    opts = (eps, None, None, None, True, "auto")
+    first = api._eager_plan(x, None, kernel, *opts)
+    assert first is api._eager_plan(x, None, kernel, *opts)
+    assert first is not api._eager_plan(jnp.array(x), None, kernel, *opts)
+    assert first is not api._eager_plan(x, None, K.Gaussian(5.0), *opts)

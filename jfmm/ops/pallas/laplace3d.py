@@ -97,7 +97,8 @@ def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False):
         interpret=interpret, compiler_params=compiler_params(NUM_WARPS, interpret),
     )(meta, p2p.pad_rows(u, TILE).T, c)
     out = jnp.transpose(out.reshape(n_tiles, n_k, n_e, TILE), (0, 3, 1, 2))  # (tiles, T, K, E)
-    if jnp.ndim(h):                                     # one side per leaf
+    h = jnp.asarray(h, u.dtype)
+    if h.ndim:                                          # one side per leaf
         h = jnp.concatenate([h, jnp.ones(1, h.dtype)])[leaf][:, None, None]
     phi, grad = p2p.scatter_tiles(out[..., 0] / h,
                                   out[..., 1:] / (h * h)[..., None] if gradient else None,

@@ -1,10 +1,11 @@
 """The Pallas M2P and P2L kernels (interpreted) against their jnp twins on
 an adaptive tree's W and X work lists (float32, as the GPU runs them by
 default; the kernels' arithmetic is the same in float64)."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 from conftest import charges, points, rel
-from test_adaptive import scales
+from test_adaptive_fmm import scales
 
 from jfmm.ops import backend, far, laplace3d
 from jfmm.tree import adaptive
@@ -12,11 +13,11 @@ from jfmm.tree import adaptive
 
 def test_far_kernels_match_jnp(rng):
     dtype, tol = np.float32, 2e-6
-    x, y = scales(200, rng, 3).astype(dtype), points("sphere", 100, rng, 3).astype(dtype)
+    x, y = scales(120, rng, 3, 3).astype(dtype), points("sphere", 60, rng, 3).astype(dtype)
     tree = adaptive.plan_tree(jnp.asarray(x), jnp.asarray(y), 8)
     p = 6
     mult = jnp.asarray(rng.normal(size=(tree.n_boxes, 2, p * p)).astype(dtype))
-    qs = jnp.asarray(charges(200, rng, 2).astype(dtype))
+    qs = jnp.asarray(charges(120, rng, 2).astype(dtype))
     for mode in ("jnp", "interpret"):
         assert backend._far_twin(laplace3d, p, mode) == (mode == "interpret")
     want = far.m2p(laplace3d, None, tree, mult, p, True)
@@ -25,3 +26,16 @@ def test_far_kernels_match_jnp(rng):
     want = far.p2l(laplace3d, None, tree, qs, p, mult)
     got = backend.far_p2l(laplace3d, None, tree, qs, p, mult, "interpret")
     assert rel(got, want) < tol
+
+
+def test_far_kernels_lower_to_triton():
+    """The Pallas M2P and P2L lower for the cuda platform (checked on the CPU)."""
+    x = jnp.asarray(scales(200, np.random.default_rng(0), 3), jnp.float32)
+    tree = adaptive.plan_tree(x, None, 8)
+    p = 6
+    mult = jnp.zeros((tree.n_boxes, 1, p * p), jnp.float32)
+    q = jnp.zeros((200, 1), jnp.float32)
+    m2p = jax.jit(lambda t, m: backend.far_m2p(laplace3d, None, t, m, p, True, "pallas"))
+    assert "fma.rn.f32" in m2p.trace(tree, mult).lower(lowering_platforms=("cuda",)).as_text()
+    p2l = jax.jit(lambda t, c: backend.far_p2l(laplace3d, None, t, c, p, mult, "pallas"))
+    p2l.trace(tree, q).lower(lowering_platforms=("cuda",))

@@ -15,11 +15,11 @@ from jfmm import kernels as K
 from jfmm.tree import adaptive, crowding, lists
 
 
-def scales(n, rng, dim):
-    """Clusters whose widths span 6 orders of magnitude, and 5% outliers 10x
-    farther out."""
+def scales(n, rng, dim, orders: int = 6):
+    """Clusters whose widths span `orders` orders of magnitude, and 5%
+    outliers 10x farther out."""
     centres = rng.random((3, dim))
-    width = 10.0 ** -rng.integers(1, 7, n)
+    width = 10.0 ** -rng.integers(1, orders + 1, n)
     x = centres[rng.integers(0, 3, n)] + width[:, None] * rng.normal(size=(n, dim))
     x[: n // 20] = rng.random((n // 20, dim)) * 10
     return x
@@ -40,8 +40,9 @@ def flat(n, rng, dim, axes: int):
 
 
 def scales_and_duplicates(n, rng, dim):
-    """`scales` with a quarter of the points in groups of 20 coincident ones."""
-    x = scales(n, rng, dim)
+    """`scales` (3 orders) with a quarter of the points in groups of 20
+    coincident ones."""
+    x = scales(n, rng, dim, 3)
     x[-(n // 4):] = np.repeat(x[-(n // 4):][::20], 20, axis=0)[:n // 4]
     return x
 
@@ -49,16 +50,16 @@ def scales_and_duplicates(n, rng, dim):
 # (kernel, dim, eps, dtype, sources, targets or None, leaf size): every tree
 # family, targets = sources and != sources, float64 and float32.
 CASES = {
-    "laplace3d-scales": (K.Laplace3D(), 3, 1e-5, np.float64, scales, None, 8),
+    "laplace3d-scales": (K.Laplace3D(), 3, 1e-4, np.float64, scales, None, 8),
     "laplace3d-duplicates-to-uniform-f32": (K.Laplace3D(), 3, 1e-5, np.float32,
                                             scales_and_duplicates,
                                             lambda n, r, d: r.random((n // 2, d)), 8),
-    "laplace2d-line": (K.Laplace2D(), 2, 1e-8, np.float64, lambda n, r, d: flat(n, r, d, 1),
-                       None, 4),
-    "laplace2d-two-far": (K.Laplace2D(), 2, 1e-10, np.float64, two_far, None, 8),
+    "laplace2d-line-to-two-far": (K.Laplace2D(), 2, 1e-9, np.float64,
+                                  lambda n, r, d: flat(n, r, d, 1), two_far, 4),
     "chebyshev3d-plane": (K.InverseMultiquadric(3.0), 3, 1e-4, np.float64,
                           lambda n, r, d: flat(n, r, d, 2), None, 8),
-    "chebyshev2d-scales-to-sphere": (K.ThinPlateSpline(), 2, 1e-8, np.float64, scales,
+    "chebyshev2d-scales-to-sphere": (K.ThinPlateSpline(), 2, 1e-8, np.float64,
+                                     lambda n, r, d: scales(n, r, d, 3),
                                      lambda n, r, d: points("sphere", n // 2, r, d), 8),
 }
 
@@ -66,9 +67,9 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_the_direct_sum(case, rng):
     kernel, dim, eps, dtype, make_src, make_tgt, leaf = CASES[case]
-    x = make_src(500, rng, dim).astype(dtype)
-    y = None if make_tgt is None else make_tgt(500, rng, dim).astype(dtype)
-    q = charges(500, rng).astype(dtype)
+    x = make_src(300, rng, dim).astype(dtype)
+    y = None if make_tgt is None else make_tgt(300, rng, dim).astype(dtype)
+    q = charges(300, rng).astype(dtype)
     pl = jfmm.plan(x, y, kernel=kernel, eps=eps, leaf_size=leaf, gradient=True, tree="adaptive")
     assert pl.config.tree == "adaptive" and pl.tree.depth >= 3 and not bool(pl.overflow)
     phi, grad = pl.apply(q, gradient=True)
@@ -81,15 +82,15 @@ def test_matches_the_direct_sum(case, rng):
 def test_counting_fmm_covers_every_pair_once(rng):
     """Unit charges and K = 1 through operators that pass counts on: every
     target receives each source once, through U, V, W and X alike."""
-    x, y = scales(700, rng, 3), points("cube", 300, rng, 3)
+    x, y = scales(400, rng, 3), points("cube", 200, rng, 3)
     tree = adaptive.plan_tree(jnp.asarray(x), jnp.asarray(y), 8)
-    n_w = int(np.sum(np.asarray(tree.w_tile) < len(adaptive.far_tiles(tree.tgt_start, 300)[0])))
+    n_w = int(np.sum(np.asarray(tree.w_tile) < len(adaptive.far_tiles(tree.tgt_start, 200)[0])))
     assert n_w > 0                                           # W and X lists in use
     fam = _CountingAdaptive
     ops = fam.operators(1, lists.m2l_offsets(3), jnp.float64)
     run = jax.jit(passes.evaluate, static_argnums=(3, 5))
-    phi, _ = run(tree, jnp.ones((700, 1)), _One(), configure.Config(fam, 1, 2, 1.0), ops, False)
-    np.testing.assert_array_equal(phi, 700.0)
+    phi, _ = run(tree, jnp.ones((400, 1)), _One(), configure.Config(fam, 1, 2, 1.0), ops, False)
+    np.testing.assert_array_equal(phi, 400.0)
 
 
 class _CountingAdaptive(_Counting):
@@ -105,14 +106,14 @@ class _CountingAdaptive(_Counting):
 
 
 def test_update_overflow_is_nan_under_jit_and_raises_eagerly(rng):
-    x = points("cube", 500, rng, 3)
-    q = charges(500, rng)
+    x = points("cube", 300, rng, 3)
+    q = charges(300, rng)
     pl = jfmm.plan(x, eps=1e-5, leaf_size=8, tree="adaptive")
     moved = x + 1e-9 * rng.normal(size=x.shape)               # the same tree's room
     apply = jax.jit(lambda p, a, c: p.update(a).apply(c))
     assert rel(apply(pl, moved, q), radial_reference(K.Laplace3D(), moved, q,
                                                      gradient=False)[0]) <= 1e-5
-    crowded = scales(500, rng, 3)                    # needs levels the plan does not have
+    crowded = scales(300, rng, 3)                    # needs levels the plan does not have
     assert bool(jax.jit(lambda p, a: p.update(a).overflow)(pl, crowded))
     assert np.isnan(apply(pl, crowded, q)).all()
     with pytest.raises(RuntimeError, match="make a new plan"):
@@ -120,35 +121,33 @@ def test_update_overflow_is_nan_under_jit_and_raises_eagerly(rng):
 
 
 def test_derivatives_on_an_adaptive_plan(rng):
-    """jax.grad in charges (the adjoint sum on the swapped tree, its W and X
-    lists exchanged) and target positions through Plan.update and apply,
-    against autodiff of the direct sum; vmap over charge vectors. (Source
-    positions differentiate through the same primitive as on uniform
-    trees: tests/test_primitive.py.)"""
-    x, y = scales(400, rng, 3), points("sphere", 200, rng, 3)
-    q, w = charges(400, rng), jnp.asarray(rng.normal(size=200))
-    pl = jfmm.plan(x, y, eps=1e-4, leaf_size=8, gradient=True, tree="adaptive")
+    """jax.grad in the charges through Plan.update and apply: the adjoint
+    sum, on the swapped tree with its W and X lists exchanged, against
+    autodiff of the direct sum. (Point positions and vmap go through the
+    same primitive rules as on uniform trees: tests/test_primitive.py.)"""
+    x, y = scales(250, rng, 3, 3), points("sphere", 120, rng, 3)
+    q, w = charges(250, rng), jnp.asarray(rng.normal(size=120))
+    pl = jfmm.plan(x, y, eps=1e-4, leaf_size=8, tree="adaptive")
     # The plan is an argument: closed over, its arrays would be constants
     # that XLA folds at length.
-    fast = jax.jit(jax.grad(lambda c, b, p: jnp.sum(w * p.update(x, b).apply(c)), (0, 1)))
-    exact = jax.jit(jax.grad(lambda c, b: jnp.sum(w * jfmm.direct(x, c, b)), (0, 1)))
-    for got, want in zip(fast(q, y, pl), exact(q, y)):
-        assert rel(got, np.asarray(want)) <= 1e-3
+    fast = jax.jit(jax.grad(lambda c, p: jnp.sum(w * p.update(x, y).apply(c))))
+    want = jax.grad(lambda c: jnp.sum(w * jfmm.direct(x, c, y)))(q)
+    assert rel(fast(q, pl), np.asarray(want)) <= 1e-4
 
 
 def test_the_tree_auto_chooses(rng, monkeypatch):
     """"auto": adaptive where the points crowd the uniform tree, uniform on
     uniform points and for traced points; tree="adaptive" needs concrete
     points and a tree family."""
-    crowded, even = scales(2000, rng, 3), points("cube", 2000, rng, 3)
-    opts = dict(eps=1e-4, leaf_size=4)              # depth 3
+    crowded, even = scales(1000, rng, 3, 3), points("cube", 1000, rng, 3)
+    opts = dict(eps=1e-4, leaf_size=2)              # depth 3
     # At depth 3 crowding stays below 8^3 / 3^3 = 19 (all points in one
     # leaf), under the bar that large trees are chosen by.
     assert float(crowding(crowded, None, 3)) > 10 > 1.5 > float(crowding(even, None, 3))
     monkeypatch.setattr(configure, "CROWDING", 5.0)
     assert jfmm.plan(crowded, **opts).config.tree == "adaptive"
     assert jfmm.plan(even, **opts).config.tree == "uniform"
-    q = charges(2000, rng)
+    q = charges(1000, rng)
     phi = jfmm.fmm(crowded, q, **opts)                        # eager: adaptive
     assert rel(phi, radial_reference(K.Laplace3D(), crowded, q, gradient=False)[0]) <= 1e-4
     traced = jax.jit(lambda a: jfmm.fmm(a, q, **opts))       # traced: uniform, no capacity
