@@ -28,9 +28,13 @@ class Kernel:
 
     singular: K(0) is excluded (the pair contributes 0).
     dims: dimensions the kernel is defined for.
+    pallas: whether the Pallas near field lowers `pair` (kernels built on
+    functions Triton lacks, such as incomplete gamma functions, set False
+    and sum their pairs in jnp).
     """
     singular: ClassVar[bool] = False
     dims: ClassVar[tuple[int, ...]] = (2, 3)
+    pallas: ClassVar[bool] = True
 
     def radial(self, r):
         raise NotImplementedError

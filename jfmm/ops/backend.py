@@ -84,8 +84,9 @@ def current() -> str:
 
 def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
                gradient: bool, mode: str, blocks: pallas_p2p.Blocks | None = None):
-    """`jfmm.ops.p2p.near_field` on backend `mode` (see `current`)."""
-    if mode == "jnp":
+    """`jfmm.ops.p2p.near_field` on backend `mode` (see `current`); jnp for
+    kernels the Pallas kernel cannot lower (`Kernel.pallas`)."""
+    if mode == "jnp" or not kernel.pallas:
         return p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
                               src_start, near, gradient)
     return pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
@@ -108,7 +109,7 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
     only the source chunks that hold a tile's own rows (targets None) keep
     the r = 0 select."""
     y = sources if targets is None else targets
-    if mode == "jnp":
+    if mode == "jnp" or not kernel.pallas:
         return p2p.dense(kernel, y, sources, charges, gradient)
     m, n = y.shape[0], sources.shape[0]
     t_start = jnp.array([0, m, m], jnp.int32)
