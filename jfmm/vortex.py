@@ -310,7 +310,8 @@ def impulse(positions, strengths):
     return 0.5 * jnp.sum(jnp.cross(positions, strengths), axis=0)
 
 
-def energy(positions, strengths, *, core, smoothing="rosenhead_moore", eps=None):
+def energy(positions, strengths, *, core, smoothing="rosenhead_moore", eps=None,
+           leaf_size=None):
     """Kinetic energy E = 1/2 sum_i alpha_i . psi(x_i) of a smoothed core
     (1/(8 pi) sum_ij alpha_i . alpha_j G(r_ij), self pairs included; for the
     singular law it is not defined)."""
@@ -318,5 +319,5 @@ def energy(positions, strengths, *, core, smoothing="rosenhead_moore", eps=None)
         raise ValueError("the kinetic energy of singular vortex elements is infinite; "
                          "choose a smoothed core")
     kernel = stream_kernel(smoothing, core)
-    psi = api.fmm(positions, strengths, None, kernel, eps) / (4 * jnp.pi)
+    psi = api.fmm(positions, strengths, None, kernel, eps, leaf_size=leaf_size) / (4 * jnp.pi)
     return 0.5 * jnp.sum(strengths * psi)
