@@ -5,7 +5,9 @@ charges are rounded to the working dtype, then summed in float64 with numpy,
 so the error measured is the algorithm's, not the inputs' rounding.
 """
 import functools
+import os
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -15,6 +17,11 @@ from jfmm import _reference
 from jfmm import kernels as K
 
 jax.config.update("jax_enable_x64", True)
+# Compiled programs shared on disk between the workers and across the
+# modules whose in-memory caches `fresh_caches` drops.
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(tempfile.gettempdir(), "jfmm-tests-xla-cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 
 DISTRIBUTIONS = ("cube", "sphere", "cluster")
 

@@ -151,12 +151,12 @@ def test_complex_charges(rng):
     q = charges(500, rng, 2) + 1j * charges(500, rng, 2)
     ref = reference(x, q.real, y)
     ref = [a + 1j * b for a, b in zip(ref, reference(x, q.imag, y))]
-    opts = dict(eps=1e-6, leaf_size=16)
+    opts = dict(eps=1e-4, leaf_size=16)         # low orders: this tests the complex plumbing
     for (phi, grad), cols in ((jfmm.fmm(x, q[:, 0], y, gradient=True, **opts), 0),
                               (jfmm.plan(x, y, **opts, gradient=True).apply(q, gradient=True), slice(None)),
                               (jfmm.direct(x, q, y, gradient=True), slice(None))):
         assert phi.dtype == np.complex128 and grad.dtype == np.complex128
-        assert rel(phi, ref[0][:, cols]) <= 1e-6 and rel(grad, ref[1][:, cols]) <= 1e-5
+        assert rel(phi, ref[0][:, cols]) <= 1e-4 and rel(grad, ref[1][:, cols]) <= 1e-3
     assert jfmm.direct(x.astype(np.float32), q, y.astype(np.float32)).dtype == np.complex64
 
     def dense(xs, qs):
@@ -170,7 +170,7 @@ def test_complex_charges(rng):
     got = jax.grad(fast, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(q[:, 0]))
     want = jax.grad(loss(dense), argnums=(0, 1))(jnp.asarray(x), jnp.asarray(q[:, 0]))
     assert got[1].dtype == np.complex128
-    assert rel(got[0], want[0]) <= 1e-5 and rel(got[1], want[1]) <= 1e-5
+    assert rel(got[0], want[0]) <= 1e-3 and rel(got[1], want[1]) <= 1e-3
 
 
 def test_one_dtype_rule(rng):

@@ -20,10 +20,11 @@ def point_sets(dim, rng):
     line = np.zeros((150, dim))
     line[:, 0] = rng.random(150)
     dup = np.repeat(rng.random((10, dim)), 12, axis=0)
-    sets = {"clustered": (clustered(200, rng, dim), None),
-            "clustered-to-uniform": (clustered(150, rng, dim), rng.random((100, dim)))}
+    sets = {"clustered": (clustered(200, rng, dim), None)}
     if dim == 2:                                   # each set compiles anew: 2D only
         sets.update({"line": (line, None), "duplicates": (dup, None)})
+    else:                                          # targets apart: 3D only
+        sets["clustered-to-uniform"] = (clustered(150, rng, dim), rng.random((100, dim)))
     return sets
 
 
