@@ -10,8 +10,9 @@ float64 Biot-Savart sum written here in jnp (chunked over the sources).
 Step rows: two coaxial rings, each a bundle of filaments (elements spread
 over a core disk of radius 0.1), plus tracers in a cylinder around them; one
 jitted `vortex.step` (RK4: four stages, each a `stretching` sum at the
-elements and a `velocity` sum at the tracers), and the error of the first
-stage's tracer velocities as above.
+elements and a `velocity` sum at the tracers), and the error of the
+velocities a first stage computes, at sampled tracers (or elements where
+there are none), as above.
 """
 from __future__ import annotations
 
@@ -101,11 +102,15 @@ def step_row(table, n, m, dtype, eps, smoothing, core, repeats, rng):
     jax.block_until_ready(f(state))
     first = time.perf_counter() - t0
     t = median_time(f, state, repeats=repeats)
-    y = state.tracers if m else state.positions          # the error where velocities go
-    i = sample(rng, len(y))
+    # The error of the step's own sums: u at every tracer (or element), as
+    # a stage computes it, sampled (a call at the samples alone would be
+    # configured for fewer targets).
+    y = state.tracers if m else None
     u = jax.jit(lambda s, y_: vortex.velocity(s.positions, s.strengths, y_, core=core,
-                                              smoothing=smoothing, eps=eps))(state, y[i])
-    err = rel(u, reference_u(np.asarray(state.positions, np.float64),
+                                              smoothing=smoothing, eps=eps))(state, y)
+    y = state.positions if y is None else y
+    i = sample(rng, len(y))
+    err = rel(np.asarray(u)[i], reference_u(np.asarray(state.positions, np.float64),
                              np.asarray(state.strengths, np.float64),
                              np.asarray(y, np.float64)[i], smoothing, core))
     table.add(dict(case="RK4 step", smoothing=smoothing, n=len(x), m=m, dtype=dtype, eps=eps,

@@ -192,8 +192,8 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     Returns u (M, 3); with gradient=True also the velocity gradient (M, 3, 3)
     with [m, i, j] = d u_i / d y_j, from the FMM's second derivatives in
     forward mode (three directions; about the cost of three more sums).
-    jit-able (eps and smoothing static), differentiable in every argument,
-    vmap-able over strengths.
+    jit-able (eps and smoothing static) and differentiable (through
+    `jfmm.fmm`'s rules).
     """
     sources, strengths, targets = _check(sources, strengths, targets, 3)
     kernel = stream_kernel(smoothing, core)
