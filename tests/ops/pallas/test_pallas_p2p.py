@@ -168,7 +168,9 @@ def test_equal_points_share_a_leaf(dtype, rng):
 def test_fast_math_keeps_every_kernel_value(monkeypatch):
     """The jaxpr re-evaluation of `fast_math` changes nothing but the rsqrt
     (here swapped back to lax.rsqrt, so it runs on the CPU): nested jit,
-    custom_jvp, closures, traced parameters."""
+    custom_jvp, closures, traced parameters. Equal to float32 rounding: the
+    two programs compile apart, and XLA may contract multiply-adds in one
+    and not the other."""
     from jfmm.ops import pallas
     monkeypatch.setattr(pallas, "_asm_rsqrt", jax.lax.rsqrt)
     r2 = jnp.asarray(np.random.default_rng(0).random((8, 16)) + 0.1, jnp.float32)
@@ -187,7 +189,7 @@ def test_fast_math_keeps_every_kernel_value(monkeypatch):
             want = f(params, r2)
             got = jax.jit(pallas.fast_math(f, False))(params, r2)
             for a, b in zip(got, want):
-                np.testing.assert_array_equal(a, b)
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
 
 
 def test_any_coincide():
