@@ -12,7 +12,7 @@ from jfmm.ops import backend
 
 def test_public_names_frozen():
     assert sorted(jfmm.__all__) == ["Plan", "RBFInterpolator", "direct", "fmm", "kernels",
-                                    "plan"]
+                                    "plan", "vortex"]
     assert kernels.__all__ == [
         "Kernel", "Gaussian", "Multiquadric", "InverseMultiquadric", "InverseQuadratic",
         "ThinPlateSpline", "Linear", "Cubic", "Quintic", "Yukawa", "Laplace2D", "Laplace3D",
