@@ -43,8 +43,10 @@ def biot_savart(x, a, y, smoothing, core, chunk=2 ** 16):
         r2 = jnp.sum(d * d, -1)
         if smoothing == "singular":
             f = jnp.where(r2 > 0, r2 ** -1.5, 0.0)
+        elif smoothing == "rosenhead_moore":
+            f = (r2 + core * core) ** -1.5
         else:
-            f = (r2 + core * core) ** -1.5            # rosenhead_moore
+            raise ValueError(f"no reference for smoothing {smoothing!r}")
         return u - jnp.einsum("mn,mni->mi", f, jnp.cross(d, as_[None])) / (4 * jnp.pi), None
 
     pad = -len(x) % chunk

@@ -13,7 +13,8 @@ with the Biot-Savart velocity, strengths change by stretching, optional
 passive tracers follow the flow; RK4 steps in `jax.lax.scan` under `jax.jit`.
 
 Prints the linear impulse I = 1/2 sum x x alpha and the kinetic energy over
-time (both conserved by the exact dynamics), then the drift of a short run
+time (invariants of the Euler equations, which these closed filaments
+should keep), then the drift of a short run
 whose sums go through the FMM's far field (leaf size --leaf-size) beside the
 same run with every pair summed directly. Saves vortex_rings.png: side views
 of the rings at a few times, and the rings' radii and positions against time.

@@ -26,10 +26,12 @@ Cores (`smoothing=`), with f and the stream kernel G (rho = r / s):
 c = 1; Gamma(a, x) is the upper incomplete gamma function.) Each G goes
 through `jfmm.fmm` with eps, so the far field is held within eps by that
 family's error model (`jfmm.configure.resolve`): eps bounds the relative L2
-error of grad psi, of which u is a signed sum of components. Pairs at
-distance 0 contribute nothing: the singular law's self term is excluded, and
-a smoothed core's is 0 for u (its gradient term is antisymmetric and does
-not stretch).
+error of grad psi, of which u is a signed sum of components, within the
+limits `jfmm.fmm` states (float32 Chebyshev gradients carry rounding
+errors of 2e-5 to 3e-4; traced points, as in `step`, get orders from a rule
+for any points). Pairs at distance 0 are left out: the singular law's self
+term, and a smoothed core's own term, which is 0 for u and, in the velocity
+gradient, the antisymmetric -f(0)/(4 pi) [alpha]x, which does not stretch.
 
 In 2D, point vortices with circulations Gamma_i move with
 u(y) = (1/2 pi) sum_i Gamma_i z x (y - x_i) / |y - x_i|^2 (`velocity_2d`),
@@ -42,9 +44,11 @@ from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import gammaincc
 
 from jfmm import api
+from jfmm._compat import Tracer
 from jfmm.kernels import Kernel, Laplace2D, Laplace3D, _pytree_dataclass
 
 __all__ = ["CORES", "State", "energy", "impulse", "step", "stream_kernel", "stretching", "velocity",
@@ -88,7 +92,7 @@ def _one_minus_exp_over(x):
     """(1 - exp(-x)) / x for x >= 0, smooth at 0 (double where: autodiff-safe)."""
     small = x < 1e-3
     xs = jnp.where(small, 1.0, x)
-    return jnp.where(small, 1 - x / 2 + x * x / 6, -jnp.expm1(-xs) / xs)
+    return jnp.where(small, 1 - x / 2 + x * x / 6 - x * x * x / 24, -jnp.expm1(-xs) / xs)
 
 
 @_pytree_dataclass
@@ -103,8 +107,10 @@ class GaussianCore(Kernel):
     def radial(self, r):
         rho = r / self.core
         x = rho ** 3
-        return (rho * rho * _one_minus_exp_over(x)
-                + _GAMMA_2_3 * gammaincc(2.0 / 3.0, x)) / self.core
+        # d/dx Gamma(2/3, x) is infinite at 0: guarded so autodiff stays finite
+        pos = x > 0
+        upper = jnp.where(pos, gammaincc(2.0 / 3.0, jnp.where(pos, x, 1.0)), 1.0)
+        return (rho * rho * _one_minus_exp_over(x) + _GAMMA_2_3 * upper) / self.core
 
     def from_r2(self, r2, gradient: bool):
         k = self.radial(jnp.sqrt(r2))
@@ -138,12 +144,13 @@ def stream_kernel(smoothing: str = "singular", core=0.0) -> Kernel:
     """The stream kernel G of a core (see the module docstring)."""
     if smoothing not in CORES:
         raise ValueError(f"smoothing must be one of {CORES}, got {smoothing!r}")
+    known = not isinstance(core, Tracer)
     if smoothing == "singular":
-        if isinstance(core, (int, float)) and core != 0:
+        if known and np.any(np.asarray(core) != 0):
             raise ValueError(f"the singular law has no core; got core={core} "
                              "(choose a smoothing, e.g. 'rosenhead_moore')")
         return Laplace3D()
-    if isinstance(core, (int, float)) and not core > 0:
+    if known and not np.all(np.asarray(core) > 0):
         raise ValueError(f"smoothing {smoothing!r} needs a core size > 0, got {core}")
     return {"rosenhead_moore": RosenheadMoore, "winckelmans": Winckelmans,
             "gaussian": GaussianCore, "polynomial": PolynomialCore}[smoothing](core)
@@ -191,7 +198,8 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
 
     Returns u (M, 3); with gradient=True also the velocity gradient (M, 3, 3)
     with [m, i, j] = d u_i / d y_j, from the FMM's second derivatives in
-    forward mode (three directions; about the cost of three more sums).
+    forward mode on the jnp path (`jfmm.primitive`): one pass, but many
+    times a velocity sum on a GPU (docs/BENCHMARKS.md, "Vortex methods").
     jit-able (eps and smoothing static) and differentiable (through
     `jfmm.fmm`'s rules).
     """
@@ -215,9 +223,9 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
 def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
                leaf_size=None):
     """Velocity u (N, 3) at the elements and their stretching (alpha_n . grad) u
-    (N, 3): d alpha / dt of the classical scheme. One FMM sum and one
-    forward-mode derivative along each element's own strength (cheaper
-    than the full gradient of `velocity`)."""
+    (N, 3): d alpha / dt of the classical scheme. One FMM sum differentiated
+    along each element's own strength: the same second-derivative pass as
+    `velocity(gradient=True)`, contracted with alpha_n."""
     sources, strengths, _ = _check(sources, strengths, None, 3)
     kernel = stream_kernel(smoothing, core)
     g, dg = jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, eps, leaf_size),
@@ -294,9 +302,10 @@ def step(state: State, dt, *, core=0.0, smoothing="singular", eps=None, scheme="
         raise ValueError(f"scheme must be one of {tuple(_TABLEAUX)}, got {scheme!r}")
     rows, weights = _TABLEAUX[scheme]
 
-    def shifted(ks, coef):
+    def shifted(ks, coef):         # in each field's dtype, so a scan's carry keeps it
         return jax.tree_util.tree_map(
-            lambda s, *k: s + dt * sum(c * kk for c, kk in zip(coef, k) if c), state, *ks)
+            lambda s, *k: s + (dt * sum(c * kk for c, kk in zip(coef, k) if c)).astype(s.dtype),
+            state, *ks)
 
     ks = [_rates(state, core, smoothing, eps, leaf_size)]
     for coef in rows:
@@ -305,8 +314,10 @@ def step(state: State, dt, *, core=0.0, smoothing="singular", eps=None, scheme="
 
 
 def impulse(positions, strengths):
-    """Linear impulse I = 1/2 sum_i x_i x alpha_i (3,), conserved by the
-    exact dynamics of any core."""
+    """Linear impulse I = 1/2 sum_i x_i x alpha_i (3,): an invariant of the
+    Euler equations, which vortex particles keep only as far as their
+    vorticity stays divergence-free (closed, resolved filaments): a
+    diagnostic, not a guarantee."""
     return 0.5 * jnp.sum(jnp.cross(positions, strengths), axis=0)
 
 
