@@ -54,17 +54,18 @@ def rel(a, b):
 
 
 # Each core once: elements on a cube, in clusters (6 orders of magnitude),
-# on a sphere; targets the elements themselves or apart from them.
-CASES = [("singular", 0.0, "cluster", False), ("rosenhead_moore", 0.03, "cube", True),
-         ("winckelmans", 0.03, "cluster", False), ("gaussian", 0.03, "sphere", True),
-         ("polynomial", 0.03, "cube", False)]
+# on a sphere; targets the elements themselves or apart from them. The
+# Gaussian core's incomplete gamma function is slow on the CPU: fewer points.
+CASES = [("singular", 0.0, "cluster", False, 500), ("rosenhead_moore", 0.03, "cube", True, 500),
+         ("winckelmans", 0.03, "cluster", False, 500), ("gaussian", 0.03, "sphere", True, 300),
+         ("polynomial", 0.03, "cube", False, 500)]
 
 
-@pytest.mark.parametrize("smoothing,core,kind,apart", CASES)
-def test_velocity_and_gradient_match_biot_savart(smoothing, core, kind, apart, rng):
-    x = points(kind, 500, rng)
-    a = rng.standard_normal((500, 3))
-    y = rng.random((250, 3)) if apart else None
+@pytest.mark.parametrize("smoothing,core,kind,apart,n", CASES)
+def test_velocity_and_gradient_match_biot_savart(smoothing, core, kind, apart, n, rng):
+    x = points(kind, n, rng)
+    a = rng.standard_normal((n, 3))
+    y = rng.random((n // 2, 3)) if apart else None
     eps = 1e-5 if smoothing == "singular" else 1e-4      # Chebyshev's orders cost compile time
     u, du = vortex.velocity(x, a, y, core=core, smoothing=smoothing, eps=eps, gradient=True,
                             leaf_size=8)
