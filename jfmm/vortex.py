@@ -178,6 +178,15 @@ def _check(sources, strengths, targets, dim: int):
     return sources, strengths, targets
 
 
+def _and_gradient(f, y):
+    """f(y) (M, k) of a function of each target alone, and its derivative
+    (M, k, d) with respect to that target: forward mode along the d axes."""
+    eye = jnp.eye(y.shape[1], dtype=y.dtype)
+    v, dv = jax.vmap(lambda e: jax.jvp(f, (y,), (jnp.broadcast_to(e, y.shape),)),
+                     out_axes=(None, 0))(eye)
+    return v, jnp.moveaxis(dv, 0, -1)
+
+
 def _grad_psi(sources, strengths, targets, kernel, eps, leaf_size):
     """grad psi (M, 3, 3) with [m, k, j] = d psi_k / d y_j at the targets."""
     _, g = api.fmm(sources, strengths, targets, kernel, eps, gradient=True, leaf_size=leaf_size)
@@ -205,19 +214,11 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     """
     sources, strengths, targets = _check(sources, strengths, targets, 3)
     kernel = stream_kernel(smoothing, core)
-    y = sources if targets is None else targets
     if not gradient:
         return _curl(_grad_psi(sources, strengths, targets, kernel, eps, leaf_size))
-
-    def grad_psi(t):
-        return _grad_psi(sources, strengths, t, kernel, eps, leaf_size)
-
-    def along(direction):
-        return jax.jvp(grad_psi, (y,), (jnp.broadcast_to(direction, y.shape),))
-
-    eye = jnp.eye(3, dtype=y.dtype)
-    g, h = jax.vmap(along, out_axes=(None, 0))(eye)    # h[l, m, k, j] = d2 psi_k / dy_j dy_l
-    return _curl(g), jnp.moveaxis(_curl(h), 0, -1)
+    return _and_gradient(lambda t: _curl(_grad_psi(sources, strengths, t, kernel, eps,
+                                                    leaf_size)),
+                         sources if targets is None else targets)
 
 
 def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
@@ -244,7 +245,6 @@ def velocity_2d(sources, circulations, targets=None, *, eps=None, gradient=False
     family with eps as in `jfmm.fmm`; u = (d psi/dy, -d psi/dx).
     """
     sources, circulations, targets = _check(sources, circulations, targets, 2)
-    y = sources if targets is None else targets
 
     def u_at(t):
         _, g = api.fmm(sources, circulations, t, Laplace2D(), eps, gradient=True,
@@ -254,10 +254,7 @@ def velocity_2d(sources, circulations, targets=None, *, eps=None, gradient=False
 
     if not gradient:
         return u_at(targets)
-    eye = jnp.eye(2, dtype=y.dtype)
-    u, du = jax.vmap(lambda d: jax.jvp(u_at, (y,), (jnp.broadcast_to(d, y.shape),)),
-                     out_axes=(None, 0))(eye)
-    return u, jnp.moveaxis(du, 0, -1)
+    return _and_gradient(u_at, sources if targets is None else targets)
 
 
 class State(NamedTuple):

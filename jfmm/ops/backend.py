@@ -142,7 +142,8 @@ def m2l_blocks(grouped, cols, mats, dim: int, mode: str):
 
 
 def _far_twin(family, p: int, mode: str) -> bool:
-    return mode != "jnp" and family is laplace3d and p <= FAR_PALLAS_MAX_ORDER
+    """Whether the Pallas M2P and P2L serve this family and order."""
+    return _family_twin(family, p, mode, FAR_PALLAS_MAX_ORDER) is not None
 
 
 def far_m2p(family, kernel, tree, mult, p: int, gradient: bool, mode: str):
@@ -166,8 +167,9 @@ def far_p2l(family, kernel, tree, q_sorted, p: int, size_like, mode: str):
                           (t0, t1), boxes, p, interpret=mode == "interpret")
 
 
-def _family_twin(family, p: int, mode: str):
-    if mode == "jnp" or p > PALLAS_MAX_ORDER:
+def _family_twin(family, p: int, mode: str, max_order: int = PALLAS_MAX_ORDER):
+    """The family's Pallas kernels module where they serve order p, else None."""
+    if mode == "jnp" or p > max_order:
         return None
     return _PALLAS_FAMILIES.get(family)
 
