@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jfmm import configure as _configure
+from jfmm import distributed as _distributed
 from jfmm import inputs as _inputs
 from jfmm import kernels as _kernels
 from jfmm import primitive as _primitive
@@ -77,7 +78,7 @@ _fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode"))
 
 
 def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
-        gradient=False, *, leaf_size=None, order=None, family=None, tree="auto"):
+        gradient=False, *, leaf_size=None, order=None, family=None, tree="auto", mesh=None):
     """Fast multipole sum phi(y_j) = sum_i q_i K(|y_j - x_i|).
 
     Same arguments and shapes as `direct` (kernel: a `jfmm.kernels` kernel,
@@ -133,11 +134,24 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     Inside jit with traced points a Gaussian gets Chebyshev: to keep the
     transform under jit, make a plan outside it and call `Plan.update` and
     `Plan.apply` inside.
+
+    Several devices: mesh, a `jax.sharding.Mesh` with one axis, splits the
+    work and the memory over its devices (`jfmm.distributed`): the same
+    tree, order and error as on one device, the results split over the
+    mesh by rows (where the rows divide evenly). Points and charges may
+    come sharded over the mesh or not; inside jit, a mesh with Explicit
+    axes (`jax.make_mesh`'s default) needs unsharded inputs. Uniform trees
+    only (tree="auto" gives one; "adaptive" raises). Every transformation
+    above works on the sharded call.
     """
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
+    if mesh is not None:
+        mesh, tree = _on_mesh(mesh, tree)
+        sources, charges, targets = (None if x is None else _distributed.on_mesh(x, mesh)
+                                     for x in (sources, charges, targets))
     # The same jax arrays as a checked earlier call: its plan, without checks.
-    opts = (eps, leaf_size, order, family, gradient, tree)
+    opts = (eps, leaf_size, order, family, gradient, tree, mesh)
     known = _eager_plan(sources, targets, kernel, *opts, make=False)
     if known is not None:
         return known.apply(charges, gradient)
@@ -147,8 +161,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         remembered = _eager_plan(sources, targets, kernel, *opts)
         if remembered is not None:
             return remembered.apply(charges, gradient)
-    config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
-    config = _configure.choose_tree(config, sources, targets, tree)
+    config = _configure.resolve_eager(sources, targets, kernel, *opts[:-1])   # remembered
+    config = dataclasses.replace(_configure.choose_tree(config, sources, targets, tree),
+                                 mesh=mesh)
     if config.tree == "adaptive":
         pl = _new_plan(sources, targets, kernel, config, order)
         phi, grad = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
@@ -158,11 +173,20 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     return _inputs.finish(phi, grad, layout, gradient)
 
 
+def _on_mesh(mesh, tree: str):
+    """The mesh jfmm shards over (`distributed.check_mesh`) and its tree."""
+    mesh = _distributed.check_mesh(mesh)
+    if tree == "adaptive":
+        raise NotImplementedError("sharded sums run on the uniform tree: pass tree='uniform' "
+                                  "or 'auto' with mesh=, or drop mesh= for an adaptive tree")
+    return mesh, "uniform"
+
+
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls
 
 
 def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree,
-                make=True):
+                mesh, make=True):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
     options, made on the second (make=False: only one made before); None on
@@ -172,7 +196,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
     if (values is None or not _configure.concrete(jnp.zeros(()))
             or not all(isinstance(x, jax.Array) and _configure.concrete(x) for x in pts)):
         return None
-    options = (values, eps, leaf_size, order, family, gradient, tree, targets is None)
+    options = (values, eps, leaf_size, order, family, gradient, tree, mesh, targets is None)
     for i, (refs, opts, pl) in enumerate(_PLANS):
         if opts == options and all(r() is x for r, x in zip(refs, pts)):
             break
@@ -184,7 +208,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
         return None
     if pl is None and make:
         pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order,
-                  family=family, gradient=gradient, tree=tree)
+                  family=family, gradient=gradient, tree=tree, mesh=mesh)
         _PLANS[i] = (refs, opts, pl)
     return pl
 
@@ -230,6 +254,8 @@ class Plan:
             raise RuntimeError("the points moved beyond the capacities this plan's adaptive "
                                "tree was sized for (Plan.update): make a new plan from them "
                                "with jfmm.plan(...)")
+        if self.config.mesh is not None:
+            charges = _distributed.on_mesh(charges, self.config.mesh)
         q, layout = _inputs.charges_of(charges, self.tree.src_perm.shape[0],
                                        self.tree.src_sorted.dtype)
         phi, grad = _call(_apply_jits, self, q, gradient=gradient, mode=backend.current())
@@ -281,16 +307,22 @@ def _new_plan(sources, targets, kernel, config: Config, order=None) -> Plan:
 
 
 def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_size=None,
-         order=None, family=None, gradient=False, tree="auto"):
+         order=None, family=None, gradient=False, tree="auto", mesh=None):
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`.
     gradient=True: an order whose gradients (`apply(q, gradient=True)`,
     derivatives along point moves) meet eps too; else phi's alone. tree:
-    "uniform", "adaptive" or "auto" (see `fmm`)."""
+    "uniform", "adaptive" or "auto"; mesh: the devices to shard over (see
+    `fmm`)."""
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
+    if mesh is not None:
+        mesh, tree = _on_mesh(mesh, tree)
+        sources, targets = (None if x is None else _distributed.on_mesh(x, mesh)
+                            for x in (sources, targets))
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)      # the points set the dtype
     sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree)
-    return _new_plan(sources, targets, kernel,
-                     _configure.choose_tree(config, sources, targets, tree), order)
+    config = dataclasses.replace(_configure.choose_tree(config, sources, targets, tree),
+                                 mesh=mesh)
+    return _new_plan(sources, targets, kernel, config, order)

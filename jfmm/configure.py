@@ -79,7 +79,9 @@ class Config:
     where grad phi's too (a caller's order: asked for either); tree:
     "uniform" (depth levels) or "adaptive" (`jfmm.tree.adaptive`, leaves of
     at most `leaf` points that are not coincident; depth is then the
-    uniform tree's, which the orders were chosen for)."""
+    uniform tree's, which the orders were chosen for); mesh: None, or the
+    one-axis `jax.sharding.Mesh` whose devices share the work
+    (`jfmm.distributed`; uniform trees)."""
     family: object
     order: int
     depth: int
@@ -87,6 +89,7 @@ class Config:
     gradient: bool = True
     tree: str = "uniform"
     leaf: int = 0
+    mesh: object = None
 
     @property
     def name(self) -> str:

@@ -26,19 +26,24 @@ from jfmm.ops import backend, translate
 from jfmm.tree import Tree, adaptive, lists
 
 
-def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp"):
-    """Multipoles per level: {level: (2^(d*level), K, P)} for levels >= 2."""
+def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp", combine=None):
+    """Multipoles per level: {level: (2^(d*level), K, P)} for levels >= 2.
+    combine: applied to the leaf multipoles before M2M (the sum over the
+    devices of a mesh, `jfmm.distributed`)."""
     h = tree.box_side(tree.depth)
     u = (tree.src_sorted - tree.leaf_centers(tree.src_leaf)) / h
-    mult = {tree.depth: backend.p2m(family, u, q_sorted, tree.src_start, tree.src_leaf, p, mode)}
+    leaf = backend.p2m(family, u, q_sorted, tree.src_start, tree.src_leaf, p, mode)
+    mult = {tree.depth: leaf if combine is None else combine(leaf)}
     for level in range(tree.depth, 2, -1):
         mult[level - 1] = translate.m2m(mult[level], ops.m2m)
     return mult
 
 
 def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int,
-             mode: str = "jnp"):
-    """Local expansions of the leaves: (n_leaves, K, P)."""
+             mode: str = "jnp", m2l=None):
+    """Local expansions of the leaves: (n_leaves, K, P). m2l(mult, level,
+    mats): one level's far-field translation in place of `backend.m2l`
+    (a device's share of it, `jfmm.distributed`)."""
     loc = None
     basis = family.m2l_basis(ops)
     for level in range(2, tree.depth + 1):
@@ -46,7 +51,8 @@ def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int,
         m = mult[level]
         if basis is not None:
             m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
-        far = backend.m2l(m, level, mats, tree.dim, mode)
+        far = (backend.m2l(m, level, mats, tree.dim, mode) if m2l is None
+               else m2l(m, level, mats))
         if basis is not None:
             far = jnp.einsum("bke,eq->bkq", far, basis, precision=translate.HIGHEST)
         loc = far if loc is None else translate.l2l(loc, ops.l2l) + far
@@ -66,40 +72,46 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
     q_sorted = charges[tree.src_perm]
     if isinstance(tree, adaptive.AdaptiveTree):
         phi, grad = adaptive_evaluate(tree, q_sorted, kernel, family, ops, p, gradient, mode)
-        return _caller_order(tree, phi, grad, gradient)
+        return caller_order(tree, phi, grad, gradient)
     if family is not None and family.SCHEME == "grid":
         phi, grad = gauss_transform(tree, q_sorted, kernel, family, p, gradient, mode)
-        return _caller_order(tree, phi, grad, gradient)
+        return caller_order(tree, phi, grad, gradient)
     if tree.depth == 0:         # one box: all pairs, as `jfmm.direct` tiles them
         targets = None if tree.shared else tree.tgt_sorted
         phi, grad = backend.dense(kernel, targets, tree.src_sorted, q_sorted, gradient, mode)
-        return _caller_order(tree, phi, grad, gradient)
+        return caller_order(tree, phi, grad, gradient)
     near = lists.neighbors(tree.depth, tree.dim)
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, gradient, mode)
     if family is not None and tree.depth >= 2:
         mult = upward(tree, q_sorted, family, ops, p, mode)
         loc = downward(tree, mult, family, ops, kernel, p, mode)
-        h = tree.box_side(tree.depth)
-        u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
-        coef = family.l2p_coefficients(loc, p, gradient)
-        fphi, fgrad = backend.l2p(family, u, coef, tree.tgt_start, tree.tgt_leaf, h, p,
-                                  gradient, mode)
+        fphi, fgrad = leaf_l2p(tree, loc, family, p, gradient, mode)
         phi = phi + fphi
         grad = grad + fgrad if gradient else None
-    return _caller_order(tree, phi, grad, gradient)
+    return caller_order(tree, phi, grad, gradient)
+
+
+def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp"):
+    """The leaves' local expansions (n_leaves, K, P) at the sorted targets:
+    phi (M, K), grad (M, K, d) or None."""
+    h = tree.box_side(tree.depth)
+    u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
+    coef = family.l2p_coefficients(loc, p, gradient)
+    return backend.l2p(family, u, coef, tree.tgt_start, tree.tgt_leaf, h, p, gradient, mode)
 
 
 def gauss_transform(tree: Tree, q_sorted, kernel: kernels.Gaussian, family, p: int,
-                    gradient: bool, mode: str = "jnp"):
+                    gradient: bool, mode: str = "jnp", combine=None):
     """The fast Gauss transform on the tree's leaves (jfmm.ops.hermite):
     Hermite moments of every leaf, translated to Taylor coefficients of
     every leaf, evaluated at the targets. phi (M, K), grad (M, K, d) or
-    None, Morton order."""
+    None, Morton order. combine: applied to the moments (see `upward`)."""
     scale = jnp.asarray(kernel.epsilon, tree.src_sorted.dtype)   # lengths -> scaled units
     h = tree.box_side(tree.depth)
     s = (tree.src_sorted - tree.leaf_centers(tree.src_leaf)) * scale
     herm = backend.p2m(family, s, q_sorted, tree.src_start, tree.src_leaf, p, mode)
+    herm = herm if combine is None else combine(herm)
     loc = family.h2l(herm, scale * h, tree.depth, p)
     t = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) * scale
     coef = family.l2p_coefficients(loc, p, gradient)
@@ -182,7 +194,7 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     return phi, grad
 
 
-def _caller_order(tree, phi, grad, gradient: bool):
+def caller_order(tree, phi, grad, gradient: bool):
     """Results in Morton order -> the caller's target order, NaN where the
     tree holds non-finite coordinates or (adaptive) overflowed its
     capacities."""

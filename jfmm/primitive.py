@@ -42,7 +42,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jfmm import passes
+from jfmm import distributed, passes
 from jfmm._compat import Primitive, ShapedArray, ad, batching, mlir
 from jfmm.configure import Config
 from jfmm.tree import Tree
@@ -76,7 +76,14 @@ def fmm_sum(tree: Tree, ops, kernel, weights: dict, top: int, config: Config, mo
     kl, kdef = jax.tree_util.tree_flatten(kernel)
     orders = tuple(sorted(weights))
     spec = Spec(tdef, odef, kdef, orders, top, config, mode)
-    return sum_p.bind(*tl, *ol, *kl, *(weights[a] for a in orders), spec=spec)
+    return _placed(sum_p.bind(*tl, *ol, *kl, *(weights[a] for a in orders), spec=spec), spec)
+
+
+def _placed(outs, spec: Spec):
+    """Results of a bind on a mesh placed on it (`distributed.sharded`)."""
+    if spec.config.mesh is None:
+        return outs
+    return [distributed.sharded(o, spec.config.mesh, spec.nbatch) for o in outs]
 
 
 def _split(args, spec: Spec):
@@ -95,10 +102,16 @@ def _unflatten(spec: Spec, tl, ol, kl):
 
 def _rebind(spec: Spec, tl, ol, kl, ws: dict, top: int):
     spec = spec._replace(orders=tuple(sorted(ws)), top=top)
-    return sum_p.bind(*tl, *ol, *kl, *(ws[a] for a in spec.orders), spec=spec)
+    return _placed(sum_p.bind(*tl, *ol, *kl, *(ws[a] for a in spec.orders), spec=spec), spec)
 
 
 # ------------------------------------------------------------------ evaluation
+
+def _evaluate(tree: Tree, charges, kernel, config: Config, ops, gradient: bool, mode: str):
+    """The fast path on one device, or sharded over the configuration's mesh."""
+    run = passes.evaluate if config.mesh is None else distributed.evaluate
+    return run(tree, charges, kernel, config, ops, gradient, mode)
+
 
 def _block(tree: Tree, ops, kernel, config: Config, w, a: int, c: int):
     """sum_j D^(a+c) G(y_i - x_j)[w_j] for one weight order: (M, K) + (d,)*c.
@@ -118,7 +131,7 @@ def _block(tree: Tree, ops, kernel, config: Config, w, a: int, c: int):
 
     def potential(ys, q):
         t = dataclasses.replace(tree, tgt_sorted=ys, shared=False)
-        return passes.evaluate(t, q, kernel, config, ops, False, "jnp")[0]
+        return _evaluate(t, q, kernel, config, ops, False, "jnp")[0]
 
     def one(q, m, s):
         g = lambda ys: potential(ys, q)                               # noqa: E731
@@ -149,8 +162,7 @@ def _meaning(spec: Spec, *args):
     for a, w in ws.items():
         done = 0                      # output orders of this weight the fast path gave
         if a == 0:
-            phi, grad = passes.evaluate(tree, w, kernel, spec.config, ops, spec.top >= 1,
-                                        spec.mode)
+            phi, grad = _evaluate(tree, w, kernel, spec.config, ops, spec.top >= 1, spec.mode)
             add(0, phi)
             if spec.top >= 1:
                 add(1, grad)
@@ -303,7 +315,8 @@ def _batch(args, dims, *, spec: Spec):
     # Point sets batched: a new leading batch axis on every operand.
     moved = [jnp.broadcast_to(x, (size,) + x.shape) if d is None
              else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
-    outs = sum_p.bind(*moved, spec=spec._replace(nbatch=nb + 1))
+    spec = spec._replace(nbatch=nb + 1)
+    outs = _placed(sum_p.bind(*moved, spec=spec), spec)
     return outs, [0] * len(outs)
 
 

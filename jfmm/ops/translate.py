@@ -93,11 +93,13 @@ def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
 
 
 def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
-    """M2L over blocks of siblings: (b, 2^d, K, P) multipoles -> locals (b 2^d, K, P).
+    """M2L over blocks of siblings: (b, 2^d, K, P) multipoles -> locals (t 2^d, K, P).
 
-    grouped: the 2^d children of each of b parents; cols: (b, 3^d) the
-    blocks of each parent's near neighbours (`lists.near_displacements`
-    order; b where a neighbour has no children); mats: (n_off + 1, P, P)
+    grouped: the 2^d children of each of b parents; cols: (t, 3^d) the
+    blocks of the near neighbours of t target parents
+    (`lists.near_displacements` order; b where a neighbour has no children:
+    t = b for every parent, fewer for a window of them, as a device of a
+    mesh computes, `jfmm.distributed`); mats: (n_off + 1, P, P)
     operators per M2L offset (the last one zero). Child c of parent i gets
     child c' of neighbour j translated by `lists.m2l_slots(d)[j, c', c]`.
     The children of each parent's 3^d neighbours are gathered, and one
@@ -113,6 +115,7 @@ def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
     """
     nc = 2 ** dim
     b, _, k, p = grouped.shape
+    t = cols.shape[0]
     grouped = jnp.concatenate([grouped, jnp.zeros((1, nc, k, p), grouped.dtype)])
     slots = lists.m2l_slots(dim)
     keep = np.flatnonzero((slots < len(lists.m2l_offsets(dim))).any(axis=(1, 2)))
@@ -122,26 +125,26 @@ def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
             col, slot = xs
             return acc + _product("bskq,scpq->bckp", grouped[col], mats[slot], bf16x6), None
 
-        init = jnp.zeros((b, nc, k, p), grouped.dtype)
+        init = jnp.zeros((t, nc, k, p), grouped.dtype)
         out, _ = jax.lax.scan(body, init, (cols.T[keep], jnp.asarray(slots[keep])))
-        return out.reshape(b * nc, k, p)
+        return out.reshape(t * nc, k, p)
 
     # With bf16x6 both operands are split inside each product (per parent
     # chunk): splitting once per level measured slower (docs/design.md).
     w = mats[slots[keep]]                               # (J, 2^d src, 2^d tgt, P, P)
     per_parent = len(keep) * nc * k * p * item
-    chunk = min(b, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))
+    chunk = min(t, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))
 
     def apply(c):                                       # (C, J) -> (C, 2^d, K, P)
         return _product("bjskq,jscpq->bckp", grouped[c], w, bf16x6,
                         per_position="bjskq,jscpq->jbckp")
 
     cols = cols[:, keep]
-    if chunk >= b:
+    if chunk >= t:
         out = apply(cols)
     else:
-        pad = -b % chunk                                # padding rows gather the zero block
+        pad = -t % chunk                                # padding rows gather the zero block
         cols = jnp.concatenate([cols, jnp.full((pad, cols.shape[1]), b, cols.dtype)])
         out = jax.lax.map(apply, cols.reshape(-1, chunk, cols.shape[1]))
-        out = out.reshape((-1, nc, k, p))[:b]
-    return out.reshape(b * nc, k, p)
+        out = out.reshape((-1, nc, k, p))[:t]
+    return out.reshape(t * nc, k, p)

@@ -1,0 +1,175 @@
+"""The FMM sum sharded over the devices of a one-axis mesh (`jax.shard_map`).
+
+The tree is the uniform tree of one device (`jfmm.tree.build`, run by XLA's
+partitioner on sharded points), so the configuration, the order and the
+error are the single-device ones; only the work and the memory are split.
+Its Morton-sorted points are cut into D equal contiguous ranges, one per
+device (contiguous Morton ranges balanced by point count). Each device then,
+per call:
+
+    near field  all-gathers the sorted sources and charges, and sums the
+                near neighbours of its own targets
+    upward      P2M of its own sources into the leaf grid, one psum over
+                the mesh (a leaf cut by a range boundary gets both parts),
+                then M2M up on every device (the same on each, and cheap)
+    downward    M2L of 1/D of every level's boxes (equal Morton windows of
+                the dense grid, whose M2L costs the same per box),
+                all-gathered level by level, then L2L down on every device
+    evaluate    L2P at its own targets
+
+The fast Gauss transform sums its moments the same way and then runs its
+grid translation on every device. Collectives are XLA's (NCCL on GPUs): the
+same program runs over the GPUs of one host and, after
+`jax.distributed.initialize()`, over many hosts.
+
+Bytes received per device and call, D devices, N sources, K charge
+columns, leaf grid of B boxes with P coefficients (E after the family's M2L
+basis), s bytes a value: (D-1)/D [N (d + K) + 2 B K P + 8/7 B K E] s (the
+all-gather of the points, a ring all-reduce of the leaf multipoles, the
+all-gathers of the locals). This is O(N) per device, not O(N / D): it suits
+one host's links, where it is a few percent of the work (docs/BENCHMARKS.md,
+"Several GPUs"); a locally essential tree, which exchanges only the halo and
+the coarse levels, would scale it to many hosts.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jfmm import passes
+from jfmm.ops import backend
+from jfmm.tree import Tree, lists
+
+
+def check_mesh(mesh) -> Mesh:
+    """mesh, with its axes of type Auto (the partitioner places the tree's
+    sort and gathers), or a ValueError for anything but a one-axis Mesh."""
+    if not isinstance(mesh, Mesh) or len(mesh.axis_names) != 1:
+        raise ValueError(f"mesh must be a jax.sharding.Mesh with one axis, got {mesh!r}")
+    auto = jax.sharding.AxisType.Auto
+    if tuple(mesh.axis_types) == (auto,):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(auto,))
+
+
+def on_mesh(x, mesh: Mesh):
+    """A point or charge array placed for a call on `mesh`: a concrete array
+    committed to the same devices through a mesh whose axes are Explicit
+    moves to the Auto mesh (the same layout, no copy); a traced one typed
+    with such a mesh raises, since sorting it is not defined there."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    explicit = jax.sharding.AxisType.Explicit
+    if sharding is None or explicit not in getattr(sharding.mesh, "axis_types", ()):
+        return x
+    if isinstance(x, jax.core.Tracer):
+        raise ValueError("inside jit, pass points and charges sharded over a mesh with Auto "
+                         "axes (jax.sharding.Mesh(devices, names, axis_types=(AxisType.Auto,)))"
+                         " or not sharded: jfmm sorts them, and sorting arrays typed with "
+                         "Explicit axes is not defined")
+    return jax.device_put(x, NamedSharding(mesh, x.sharding.spec))
+
+
+def sharded(x, mesh: Mesh, axis: int = 0):
+    """x constrained to the mesh: its rows (along `axis`) split over the
+    devices where they divide evenly, else whole on each. The FMM primitive
+    places its results so, which also tells an enclosing jit that the
+    computation spans the mesh (the shard_map inside the primitive's
+    lowering is invisible to it)."""
+    split = [None] * x.ndim
+    if x.shape[axis] % mesh.devices.size == 0:
+        split[axis] = mesh.axis_names[0]
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*split)))
+
+
+def _pad(x, n_dev: int, edge: bool):
+    """Rows padded to a multiple of n_dev: copies of the last row (points and
+    their leaves: sorted order and finite coordinates kept) or zeros."""
+    pad = -x.shape[0] % n_dev
+    if not pad:
+        return x
+    fill = jnp.broadcast_to(x[-1:], (pad,) + x.shape[1:]) if edge else jnp.zeros(
+        (pad,) + x.shape[1:], x.dtype)
+    return jnp.concatenate([x, fill])
+
+
+def evaluate(tree: Tree, charges, kernel, config, ops, gradient: bool, mode: str = "jnp"):
+    """`jfmm.passes.evaluate` over `config.mesh`: phi (M, K) and grad
+    (M, K, d) or None at the targets, caller's order (same arguments)."""
+    mesh = config.mesh
+    axis = mesh.axis_names[0]
+    n_dev = mesh.devices.size
+    n, m = tree.src_sorted.shape[0], tree.tgt_sorted.shape[0]
+    q_sorted = charges[tree.src_perm]
+    local = (_pad(tree.src_sorted, n_dev, True), _pad(q_sorted, n_dev, False),
+             _pad(tree.src_leaf, n_dev, True), _pad(tree.tgt_sorted, n_dev, True),
+             _pad(tree.tgt_leaf, n_dev, True))
+    local = [sharded(x, mesh) for x in local]
+    # Operators and kernel parameters enter as inputs, whole on every device.
+    shared = (tree.src_start, tree.tgt_start, tree.lo, tree.side,
+              jax.tree_util.tree_map(jnp.asarray, (ops, kernel)))
+    body = functools.partial(_shard, config=config, n=n, depth=tree.depth, dim=tree.dim,
+                             axis=axis, n_dev=n_dev, gradient=gradient, mode=mode)
+    rows, whole = PartitionSpec(axis), PartitionSpec()
+    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * 5 + (whole,) * 5,
+                         out_specs=(rows, rows) if gradient else (rows,),
+                         check_vma=False)(*local, *shared)
+    phi, grad = outs[0][:m], (outs[1][:m] if gradient else None)
+    return passes.caller_order(tree, phi, grad, gradient)
+
+
+def _shard(src, q, src_leaf, tgt, tgt_leaf, src_start, tgt_start, lo, side, operators, *,
+           config, n: int, depth: int, dim: int, axis: str, n_dev: int, gradient: bool,
+           mode: str):
+    """One device's part: phi (m, K) and grad (m, K, d) at its m sorted
+    targets, from its n / D sorted sources and the collectives."""
+    ops, kernel = operators
+    me = jax.lax.axis_index(axis)
+    first_src, first_tgt = me * src.shape[0], me * tgt.shape[0]
+    # This device's rows of each leaf: the global ranges shifted and clipped.
+    mine = Tree(lo, side, None, src, jnp.clip(src_start - first_src, 0, src.shape[0]),
+                src_leaf, None, tgt, jnp.clip(tgt_start - first_tgt, 0, tgt.shape[0]),
+                tgt_leaf, jnp.ones((), bool), depth=depth, dim=dim)
+    gather = functools.partial(jax.lax.all_gather, axis_name=axis, tiled=True)
+    src_all, q_all = gather(src)[:n], gather(q)[:n]
+    family, p = config.family, config.order
+    if family is not None and family.SCHEME == "grid":
+        combine = functools.partial(jax.lax.psum, axis_name=axis)
+        return _outputs(passes.gauss_transform(mine, q, kernel, family, p, gradient, mode,
+                                               combine=combine), gradient)
+    if depth == 0:
+        return _outputs(backend.dense(kernel, tgt, src_all, q_all, gradient, mode), gradient)
+    near = lists.neighbors(depth, dim)
+    phi, grad = backend.near_field(kernel, mine.tgt_sorted, mine.tgt_start, src_all, q_all,
+                                   src_start, near, gradient, mode)
+    if family is not None and depth >= 2:
+        combine = functools.partial(jax.lax.psum, axis_name=axis)
+        mult = passes.upward(mine, q, family, ops, p, mode, combine=combine)
+        window = functools.partial(_window_m2l, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
+        loc = passes.downward(mine, mult, family, ops, kernel, p, mode, m2l=window)
+        fphi, fgrad = passes.leaf_l2p(mine, loc, family, p, gradient, mode)
+        phi = phi + fphi
+        grad = grad + fgrad if gradient else None
+    return _outputs((phi, grad), gradient)
+
+
+def _outputs(result, gradient: bool):
+    phi, grad = result
+    return (phi, grad) if gradient else (phi,)
+
+
+def _window_m2l(mult, level: int, mats, *, dim: int, axis: str, n_dev: int, mode: str):
+    """The M2L of one level, each device translating into its window of
+    ceil(b / D) parents' children (b parents), all-gathered: locals of
+    every box (2^(d level), K, P)."""
+    nc = 2 ** dim
+    b = mult.shape[0] // nc
+    width = -(-b // n_dev)
+    parents = jax.lax.axis_index(axis) * width + jnp.arange(width)
+    table = lists.neighbors(level - 1, dim)
+    cols = jnp.where(parents[:, None] < b, table[jnp.minimum(parents, b - 1)], b)
+    grouped = mult.reshape((b, nc) + mult.shape[1:])
+    far = backend.m2l_blocks(grouped, cols, mats, dim, mode)
+    return jax.lax.all_gather(far, axis, tiled=True)[:b * nc]
