@@ -11,9 +11,12 @@ import tempfile
 
 # The suite compiles hundreds of small programs and runs each once or
 # twice: LLVM's optimisations cost more than they save there (about 20% of
-# the suite's time on 2 CPU cores). Set before jax starts.
+# the suite's time on 2 CPU cores). Four host devices for the sharded sums
+# (tests/test_distributed.py); the other tests run on the first. Set
+# before jax starts.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_backend_optimization_level=0").strip()
+                           + " --xla_backend_optimization_level=0"
+                           + " --xla_force_host_platform_device_count=4").strip()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

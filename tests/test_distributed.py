@@ -1,0 +1,174 @@
+"""The FMM sharded over a mesh of CPU host devices (conftest makes 4)
+against the float64 numpy sums and the single-device FMM."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import charges, points, radial_reference, reference, rel
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+import jfmm
+from jfmm import kernels as K
+from jfmm.ops import backend
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 host devices "
+                                "(conftest sets --xla_force_host_platform_device_count=4)")
+
+
+def mesh_of(n_dev: int, axis_type=AxisType.Auto) -> Mesh:
+    return Mesh(np.array(jax.devices()[:n_dev]), ("x",), axis_types=(axis_type,))
+
+
+def spans(x, n_dev: int) -> np.ndarray:
+    """The leaves (of the Morton order) each device's share of the sorted
+    points runs over: a measure of its spatial extent."""
+    pl = jfmm.plan(x, eps=1e-6, tree="uniform", leaf_size=16)
+    leaf = np.asarray(pl.tree.src_leaf)
+    return np.array([c[-1] - c[0] + 1 for c in np.array_split(leaf, n_dev)])
+
+
+def lopsided(n: int, rng) -> np.ndarray:
+    """Half the points in one tight cluster, half spread over the cube:
+    the devices holding the cluster span a few leaves, the others most."""
+    x = rng.random((n, 3))
+    x[: n // 2] = 0.02 + 1e-3 * rng.normal(size=(n // 2, 3))   # first in Morton order
+    return x
+
+
+@pytest.mark.parametrize("n_dev,dist", [(1, "cube"), (2, "lopsided"), (3, "sphere"),
+                                        (4, "cluster"), (4, "lopsided")])
+def test_laplace3d_every_mesh_size(rng, n_dev, dist):
+    """Potential and gradient within eps of the direct sum, and equal to
+    the single-device FMM to rounding, on 1 to 4 devices; the point count
+    does not divide evenly, and on lopsided points the devices' Morton
+    ranges differ in extent by an order of magnitude."""
+    n = 3001
+    x = lopsided(n, rng) if dist == "lopsided" else points(dist, n, rng)
+    q = charges(n, rng)
+    if dist == "lopsided":
+        widths = spans(x, n_dev)
+        assert widths.max() > 10 * widths.min()
+    mesh = mesh_of(n_dev)
+    phi, grad = jfmm.fmm(x, q, eps=1e-6, gradient=True, mesh=mesh, leaf_size=16)
+    one = jfmm.fmm(x, q, eps=1e-6, gradient=True, tree="uniform", leaf_size=16)
+    exact = reference(x, q)
+    assert rel(phi, exact[0]) < 1e-6
+    assert rel(grad, exact[1]) < 1e-6
+    assert rel(phi, np.asarray(one[0])) < 1e-13
+    assert rel(grad, np.asarray(one[1])) < 1e-13
+    assert phi.sharding.mesh.devices.size == n_dev
+
+
+@pytest.mark.parametrize("kernel,dim,eps,dist", [
+    (K.Laplace2D(), 2, 1e-8, "cluster"),
+    (K.InverseMultiquadric(2.0), 3, 1e-6, "sphere"),
+    (K.ThinPlateSpline(), 2, 1e-6, "cube"),
+    (K.Gaussian(6.0), 3, 1e-6, "cube"),
+])
+def test_families_with_targets(rng, kernel, dim, eps, dist):
+    """Every family (complex series, Chebyshev in 2D and 3D, the fast Gauss
+    transform) on 3 devices, with targets apart from the sources."""
+    n, m = 2001, 1502
+    x, y, q = points(dist, n, rng, dim), points(dist, m, rng, dim), charges(n, rng, 2)
+    pl = jfmm.plan(x, y, kernel, eps, mesh=mesh_of(3), leaf_size=16, gradient=True)
+    if isinstance(kernel, K.Gaussian):
+        assert pl.family == "hermite"
+    else:
+        assert pl.config.depth >= 2
+    phi, grad = pl.apply(q, gradient=True)
+    exact = radial_reference(kernel, x, q, y)
+    assert rel(phi, exact[0]) < eps
+    assert rel(grad, exact[1]) < 10 * eps
+
+
+def test_near_field_alone_and_one_leaf(rng):
+    """A tree of one leaf (the all-pairs sum) and the near field alone."""
+    x, y, q = points("cube", 40, rng), points("cube", 31, rng), charges(40, rng)
+    phi = jfmm.fmm(x, q, y, eps=1e-6, mesh=mesh_of(4))
+    assert rel(phi, reference(x, q, y)[0]) < 1e-13
+    g = K.Gaussian(40.0)
+    x, q = points("cube", 1000, rng), charges(1000, rng)
+    pl = jfmm.plan(x, None, g, 1e-6, mesh=mesh_of(4))
+    assert pl.family == "near" and pl.config.depth >= 2
+    assert rel(pl.apply(q), radial_reference(g, x, q, gradient=False)[0]) < 1e-6
+
+
+def test_float32(rng):
+    n = 4003
+    x, q = points("cluster", n, rng).astype(np.float32), charges(n, rng).astype(np.float32)
+    phi, grad = jfmm.fmm(x, q, eps=1e-5, gradient=True, mesh=mesh_of(4), leaf_size=16)
+    assert phi.dtype == jnp.float32
+    exact = reference(x, q, dtype=np.float32)
+    assert rel(phi, exact[0]) < 1e-5
+    assert rel(grad, exact[1]) < 1e-5
+
+
+def test_grad_and_vmap_over_charges(rng):
+    """Reverse mode through the sharded sum (its adjoint is the sum with
+    sources and targets swapped, sharded too) and vmap over charge
+    vectors, against numpy: d/dq of w . phi(y) is G(x, y) w."""
+    n, m = 1201, 803
+    x, y = points("cube", n, rng), points("cluster", m, rng)
+    mesh = mesh_of(3)
+    w = rng.standard_normal(m)
+
+    def loss(q):
+        return jnp.dot(w, jfmm.fmm(x, q, y, eps=1e-6, mesh=mesh, leaf_size=16))
+
+    got = jax.grad(loss)(jnp.asarray(charges(n, rng)))
+    assert rel(got, reference(y, w, x)[0]) < 1e-6
+    qs = charges(n, rng, 3).T
+    batched = jax.vmap(lambda q: jfmm.fmm(x, q, y, eps=1e-6, mesh=mesh, leaf_size=16))(qs)
+    assert rel(batched, reference(x, qs.T, y)[0].T) < 1e-6
+
+
+def test_jit_update_and_placement(rng):
+    """Traced points inside jit, a plan moved with `update` under jit, and
+    inputs sharded over a mesh of Explicit axes (jax.make_mesh's default):
+    results split over the devices."""
+    n = 2400
+    mesh = mesh_of(4)
+    x, q = points("sphere", n, rng), charges(n, rng)
+    f = jax.jit(lambda x, q: jfmm.fmm(x, q, eps=1e-6, mesh=mesh, leaf_size=16))
+    phi = f(x, q)
+    assert rel(phi, reference(x, q)[0]) < 1e-6
+    assert phi.sharding.spec == PartitionSpec("x")
+    pl = jfmm.plan(x, eps=1e-6, mesh=mesh, leaf_size=16)
+    x2 = points("cube", n, rng)
+    moved = jax.jit(lambda p, x, q: p.update(x).apply(q))(pl, x2, q)
+    assert rel(moved, reference(x2, q)[0]) < 1e-6
+    explicit = mesh_of(4, AxisType.Explicit)
+    xs, qs = (jax.device_put(jnp.asarray(a), NamedSharding(explicit, PartitionSpec("x")))
+              for a in (x, q))
+    got = jfmm.fmm(xs, qs, eps=1e-6, mesh=explicit, leaf_size=16)
+    assert rel(got, reference(x, q)[0]) < 1e-6
+    assert got.sharding.spec == PartitionSpec("x")
+
+
+def test_pallas_kernels_in_shards(rng):
+    """The Pallas near field, P2M and L2P (interpreted) inside the shards."""
+    n = 1001
+    x, q = points("cluster", n, rng), charges(n, rng)
+    backend.set_backend("interpret")
+    try:
+        phi, grad = jfmm.fmm(x, q, eps=1e-6, gradient=True, mesh=mesh_of(2), leaf_size=16)
+    finally:
+        backend.set_backend("auto")
+    exact = reference(x, q)
+    assert rel(phi, exact[0]) < 1e-6
+    assert rel(grad, exact[1]) < 1e-6
+
+
+def test_bad_meshes(rng):
+    x, q = points("cube", 100, rng), charges(100, rng)
+    two = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("a", "b"))
+    with pytest.raises(ValueError, match="one axis"):
+        jfmm.fmm(x, q, mesh=two)
+    with pytest.raises(ValueError, match="one axis"):
+        jfmm.plan(x, mesh="x")
+    with pytest.raises(NotImplementedError, match="uniform tree"):
+        jfmm.fmm(x, q, mesh=mesh_of(2), tree="adaptive")
+    explicit = mesh_of(2, AxisType.Explicit)
+    xs = jax.device_put(jnp.asarray(x), NamedSharding(explicit, PartitionSpec("x")))
+    with pytest.raises(ValueError, match="Auto"):
+        jax.jit(lambda x: jfmm.fmm(x, q, mesh=explicit))(xs)
