@@ -1,0 +1,170 @@
+"""Several GPUs: strong and weak scaling of the sharded FMM (jfmm.distributed).
+
+    python benchmarks/bench_multi.py --out docs/data/multi.json          # the GPUs there are
+    python benchmarks/bench_multi.py --emulate 1,2,4,8 \
+        --out docs/data/multi_emulated.json                              # one GPU
+
+3D Laplace, float32, eps 1e-5, uniform cube, potential and gradient.
+
+Real runs: a mesh over the first D GPUs, D = 1, 2, 4, ... up to the GPUs
+present; strong scaling at N = 2^--strong, weak scaling at 2^--weak points
+per GPU. Times are medians after compilation: "total" a jitted
+`plan.update(points).apply(charges, gradient=True)` (the tree rebuilt, as
+each step of a simulation does), "build" the update alone, "apply" the sum
+on a built tree; efficiency is T_1 / (D T_D) (strong) or T_1 / T_D (weak).
+Errors of phi and grad on 1,000 sampled targets against a float64 direct
+sum. "MB in" is what each device receives per apply (the count in
+jfmm.distributed's docstring).
+
+--emulate (one GPU): one device's share of the sum on D devices, that is
+`jfmm.distributed`'s shard function run alone with its collectives replaced
+by stand-ins of the same shapes (all-gathers by tiled copies, the psum by
+nothing): the compute of strong scaling without the exchange, for every
+shard. "total" is then the single GPU's tree build plus the slowest
+shard, and efficiency that of the apply alone, T_1 / (D T_shard).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from common import Table, median_time, parser, reference, rel, sample
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import jfmm
+from jfmm import distributed
+from jfmm.ops import backend
+
+COLUMNS = [
+    ("scaling", "scaling", ""), ("devices", "GPUs", "d"), ("n", "N", ","),
+    ("order", "p", "d"), ("depth", "depth", "d"),
+    ("build_ms", "build ms", ".2f"), ("apply_ms", "apply ms", ".2f"),
+    ("total_ms", "total ms", lambda r: f"**{r['total_ms']:.2f}**"),
+    ("efficiency", "efficiency", ".2f"), ("mb_in", "MB in", ".0f"),
+    ("err_phi", "err phi", ".2e"), ("err_grad", "err grad", ".2e"),
+    ("shard_ms", "slowest shard ms", ".2f"), ("shard_mean_ms", "mean shard ms", ".2f"),
+]
+
+
+def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
+    """MB each of n_dev devices receives per apply: the point all-gather,
+    the ring all-reduce of the leaf multipoles, the all-gathers of each
+    level's locals (jfmm.distributed)."""
+    cfg, tree = pl.config, pl.tree
+    share = (n_dev - 1) / n_dev
+    s = tree.src_sorted.dtype.itemsize
+    total = tree.src_sorted.shape[0] * (tree.dim + k) * s
+    if cfg.family is not None and cfg.depth >= 2:
+        coef = jax.eval_shape(lambda: cfg.family.p2m(tree.src_sorted[:1], jnp.ones((1, k)),
+                                                     cfg.order)).shape[2]
+        basis = cfg.family.m2l_basis(pl.ops)
+        comp = coef if basis is None else basis.shape[0]
+        total += 2 * 2 ** (tree.dim * cfg.depth) * k * coef * s
+        total += sum(2 ** (tree.dim * lv) for lv in range(2, cfg.depth + 1)) * k * comp * s
+    return share * total / 1e6
+
+
+def measure(x, q, mesh, repeats: int, rng) -> dict:
+    """A row of times and errors on `mesh` (None: one GPU, no mesh)."""
+    if mesh is None:
+        xs, qs = jnp.asarray(x), jnp.asarray(q)
+        pl = jfmm.plan(xs, eps=1e-5, gradient=True, tree="uniform")
+    else:
+        sharding = NamedSharding(mesh, PartitionSpec("x"))
+        xs, qs = jax.device_put(x, sharding), jax.device_put(q, sharding)
+        pl = jfmm.plan(xs, eps=1e-5, gradient=True, mesh=mesh)
+    total = jax.jit(lambda p, x, q: p.update(x).apply(q, gradient=True))
+    build = jax.jit(lambda p, x: p.update(x).tree)
+    apply = jax.jit(lambda p, q: p.apply(q, gradient=True))
+    phi, grad = apply(pl, qs)
+    idx = sample(rng, len(x))
+    ref = reference(x.astype(np.float64), q.astype(np.float64), x[idx].astype(np.float64))
+    n_dev = 1 if mesh is None else mesh.devices.size
+    return dict(n=len(x), devices=n_dev, order=pl.order, depth=pl.config.depth,
+                total_ms=1e3 * median_time(total, pl, xs, qs, repeats=repeats),
+                build_ms=1e3 * median_time(build, pl, xs, repeats=repeats),
+                apply_ms=1e3 * median_time(apply, pl, qs, repeats=repeats),
+                err_phi=rel(np.asarray(phi)[idx], ref[0]),
+                err_grad=rel(np.asarray(grad)[idx], ref[1]),
+                mb_in=traffic_mb(pl, n_dev))
+
+
+@contextlib.contextmanager
+def local_collectives(me, n_dev: int):
+    """jax.lax's collectives as one device's stand-ins while tracing."""
+    saved = jax.lax.axis_index, jax.lax.all_gather, jax.lax.psum
+    jax.lax.axis_index = lambda name: me
+    jax.lax.all_gather = lambda x, axis_name, tiled=False: jnp.concatenate([x] * n_dev)
+    jax.lax.psum = lambda x, axis_name: x
+    try:
+        yield
+    finally:
+        jax.lax.axis_index, jax.lax.all_gather, jax.lax.psum = saved
+
+
+def shard_times(pl, q, n_dev: int, repeats: int) -> list[float]:
+    """Milliseconds of each device's share of `pl.apply(q, gradient=True)`
+    on n_dev devices, computed alone (`local_collectives`)."""
+    tree, cfg = pl.tree, pl.config
+    pad = lambda a, edge: distributed._pad(a, n_dev, edge)          # noqa: E731
+    arrays = (pad(tree.src_sorted, True), pad(jnp.asarray(q)[tree.src_perm][:, None], False),
+              pad(tree.src_leaf, True), pad(tree.tgt_sorted, True), pad(tree.tgt_leaf, True))
+    whole = (tree.src_start, tree.tgt_start, tree.lo, tree.side, (pl.ops, pl.kernel))
+
+    @jax.jit
+    def one(me, *args):
+        local = [jax.lax.dynamic_slice_in_dim(a, me * (a.shape[0] // n_dev), a.shape[0] // n_dev)
+                 for a in args[:5]]
+        with local_collectives(me, n_dev):
+            return distributed._shard(*local, *args[5:], config=cfg, n=tree.src_sorted.shape[0],
+                                      depth=tree.depth, dim=tree.dim, axis="x", n_dev=n_dev,
+                                      gradient=True, mode=backend.current())
+
+    return [1e3 * median_time(one, jnp.int32(s), *arrays, *whole, repeats=repeats)
+            for s in range(n_dev)]
+
+
+def main():
+    ap = parser(__doc__)
+    ap.add_argument("--strong", type=int, default=24, help="log2 N of strong scaling")
+    ap.add_argument("--weak", type=int, default=22, help="log2 N per GPU of weak scaling")
+    ap.add_argument("--emulate", default=None,
+                    help="device counts to emulate on one GPU (1,2,4,8); else real meshes")
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    table = Table("3D Laplace on several GPUs, float32, eps 1e-5, uniform cube", COLUMNS)
+    gpus = len(jax.devices())
+    if args.emulate:
+        n = 2 ** args.strong
+        x = rng.random((n, 3)).astype(np.float32)
+        q = (rng.random(n) - 0.5).astype(np.float32)
+        table.add(dict(measure(x, q, None, args.repeats, rng), scaling="no mesh"))
+        one = measure(x, q, Mesh(np.array(jax.devices()[:1]), ("x",)), args.repeats, rng)
+        table.add(dict(one, scaling="mesh of 1"))
+        pl = jfmm.plan(x, eps=1e-5, gradient=True, tree="uniform")
+        for d in (int(v) for v in args.emulate.split(",")):
+            shards = shard_times(pl, q, d, args.repeats)
+            table.add(dict(one, scaling="emulated", devices=d, apply_ms=None,
+                           total_ms=one["build_ms"] + max(shards), shard_ms=max(shards),
+                           shard_mean_ms=float(np.mean(shards)), mb_in=traffic_mb(pl, d),
+                           efficiency=one["apply_ms"] / (d * max(shards))))
+    else:
+        counts = [d for d in (1, 2, 4, 8) if d <= gpus]
+        for scaling in ("strong", "weak"):
+            base = None
+            for d in counts:
+                n = 2 ** args.strong if scaling == "strong" else d * 2 ** args.weak
+                x = rng.random((n, 3)).astype(np.float32)
+                q = (rng.random(n) - 0.5).astype(np.float32)
+                row = measure(x, q, Mesh(np.array(jax.devices()[:d]), ("x",)), args.repeats, rng)
+                base = base or row["total_ms"]
+                row.update(scaling=scaling, efficiency=base / row["total_ms"]
+                           / (d if scaling == "strong" else 1))
+                table.add(row)
+    table.save(args.out)
+
+
+if __name__ == "__main__":
+    main()
