@@ -454,7 +454,37 @@ def adaptive(data, docs):
     return True
 
 
-FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, crossover, orders, adaptive)
+def multi(data, docs):
+    found = load_all(data, ["multi_emulated.json", "multi.json"])
+    if "multi_emulated.json" not in found:
+        return False
+    fig, ax = plt.subplots(figsize=(6.5, 4.5), constrained_layout=True)
+    rows = [r for r in found["multi_emulated.json"][1] if r["scaling"] == "emulated"]
+    one = next(r for r in found["multi_emulated.json"][1] if r["scaling"] == "no mesh")
+    d = np.array([r["devices"] for r in rows])
+    ax.plot(d, one["apply_ms"] / d, "k:", label="perfect scaling of one GPU's sum")
+    ax.plot(d, [r["shard_ms"] for r in rows], "o-", color="C0",
+            label="slowest device's share, computed alone (no exchange)")
+    for r in rows:
+        ax.annotate(f"{r['shard_ms']:.1f} ms, {r['mb_in']:.0f} MB in", (r["devices"], r["shard_ms"]),
+                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if "multi.json" in found:
+        strong = [r for r in found["multi.json"][1] if r["scaling"] == "strong"]
+        ax.plot([r["devices"] for r in strong], [r["apply_ms"] for r in strong], "s-",
+                color="C3", label="measured on a mesh of GPUs (apply)")
+    ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="ms (potential and gradient)")
+    ax.set_xticks(d, [str(v) for v in d])
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    plain_y(ax)
+    ax.legend(fontsize=7)
+    ax.set_title(f"3D Laplace, N = {one['n']:,}, float32, eps 1e-5\n"
+                 + where(env for env, _ in found.values()), fontsize=9)
+    save(fig, docs, "multi.png")
+    return True
+
+
+FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, crossover, orders, adaptive,
+           multi)
 
 
 def main():
