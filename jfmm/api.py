@@ -186,7 +186,7 @@ _PLANS = []      # (sources, targets weak references, options, Plan) of recent e
 
 
 def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree,
-                mesh, make=True):
+                mesh=None, make=True):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
     options, made on the second (make=False: only one made before); None on
