@@ -140,14 +140,15 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     tree, order and error as on one device, the results split over the
     mesh by rows (where the rows divide evenly). Points and charges may
     come sharded over the mesh or not; inside jit, a mesh with Explicit
-    axes (`jax.make_mesh`'s default) needs unsharded inputs. Uniform trees
-    only (tree="auto" gives one; "adaptive" raises). Every transformation
-    above works on the sharded call.
+    axes (`jax.make_mesh`'s default) needs unsharded inputs. Both trees:
+    on an adaptive one the heavy passes are split and the W and X lists
+    run whole on every device. Every transformation above works on the
+    sharded call.
     """
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
     if mesh is not None:
-        mesh, tree = _on_mesh(mesh, tree)
+        mesh = _distributed.check_mesh(mesh)
         sources, charges, targets = (None if x is None else _distributed.on_mesh(x, mesh)
                                      for x in (sources, charges, targets))
     # The same jax arrays as a checked earlier call: its plan, without checks.
@@ -173,13 +174,6 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     return _inputs.finish(phi, grad, layout, gradient)
 
 
-def _on_mesh(mesh, tree: str):
-    """The mesh jfmm shards over (`distributed.check_mesh`) and its tree."""
-    mesh = _distributed.check_mesh(mesh)
-    if tree == "adaptive":
-        raise NotImplementedError("sharded sums run on the uniform tree: pass tree='uniform' "
-                                  "or 'auto' with mesh=, or drop mesh= for an adaptive tree")
-    return mesh, "uniform"
 
 
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls
@@ -316,7 +310,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
     if mesh is not None:
-        mesh, tree = _on_mesh(mesh, tree)
+        mesh = _distributed.check_mesh(mesh)
         sources, targets = (None if x is None else _distributed.on_mesh(x, mesh)
                             for x in (sources, targets))
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)      # the points set the dtype

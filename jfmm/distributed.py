@@ -1,8 +1,8 @@
 """The FMM sum sharded over the devices of a one-axis mesh (`jax.shard_map`).
 
-The tree is the uniform tree of one device (`jfmm.tree.build`, run by XLA's
-partitioner on sharded points), so the configuration, the order and the
-error are the single-device ones; only the work and the memory are split.
+The tree is the tree of one device (the uniform tree built by XLA's
+partitioner on sharded points, or an adaptive plan's), so the
+configuration, the order and the error are the single-device ones; only the work and the memory are split.
 Its Morton-sorted points are cut into D equal contiguous ranges, one per
 device (contiguous Morton ranges balanced by point count). Each device then,
 per call:
@@ -18,7 +18,10 @@ per call:
     evaluate    L2P at its own targets
 
 The fast Gauss transform sums its moments the same way and then runs its
-grid translation on every device. Collectives are XLA's (NCCL on GPUs): the
+grid translation on every device. On an adaptive tree (`jfmm.tree.adaptive`,
+whose points are sorted by leaf) the near field over the U lists, P2M and
+L2P are split the same way and the M2L of each level's blocks in windows;
+the X and W lists (P2L, M2P), M2M and L2L run whole on every device. Collectives are XLA's (NCCL on GPUs): the
 same program runs over the GPUs of one host and, after
 `jax.distributed.initialize()`, over many hosts.
 
@@ -33,6 +36,7 @@ the coarse levels, would scale it to many hosts.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -41,7 +45,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jfmm import passes
 from jfmm.ops import backend
-from jfmm.tree import Tree, lists
+from jfmm.tree import Tree, adaptive, lists
 
 
 def check_mesh(mesh) -> Mesh:
@@ -108,12 +112,17 @@ def evaluate(tree: Tree, charges, kernel, config, ops, gradient: bool, mode: str
              _pad(tree.tgt_leaf, n_dev, True))
     local = [sharded(x, mesh) for x in local]
     # Operators and kernel parameters enter as inputs, whole on every device.
-    shared = (tree.src_start, tree.tgt_start, tree.lo, tree.side,
-              jax.tree_util.tree_map(jnp.asarray, (ops, kernel)))
-    body = functools.partial(_shard, config=config, n=n, depth=tree.depth, dim=tree.dim,
-                             axis=axis, n_dev=n_dev, gradient=gradient, mode=mode)
+    operators = jax.tree_util.tree_map(jnp.asarray, (ops, kernel))
+    static = dict(config=config, n=n, depth=tree.depth, dim=tree.dim, axis=axis, n_dev=n_dev,
+                  gradient=gradient, mode=mode)
+    if isinstance(tree, adaptive.AdaptiveTree):
+        body = functools.partial(_adaptive_shard, **static)
+        shared = (tree, operators)
+    else:
+        body = functools.partial(_shard, **static)
+        shared = (tree.src_start, tree.tgt_start, tree.lo, tree.side, operators)
     rows, whole = PartitionSpec(axis), PartitionSpec()
-    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * 5 + (whole,) * 5,
+    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * 5 + (whole,) * len(shared),
                          out_specs=(rows, rows) if gradient else (rows,),
                          check_vma=False)(*local, *shared)
     phi, grad = outs[0][:m], (outs[1][:m] if gradient else None)
@@ -155,21 +164,62 @@ def _shard(src, q, src_leaf, tgt, tgt_leaf, src_start, tgt_start, lo, side, oper
     return _outputs((phi, grad), gradient)
 
 
+def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config, n: int,
+                    depth: int, dim: int, axis: str, n_dev: int, gradient: bool, mode: str):
+    """`_shard` on an adaptive tree (`passes.adaptive_evaluate`), whole on
+    every device: the near field over the U lists at this device's targets,
+    P2M of its sources summed over the mesh, the M2L of each level's
+    blocks split in windows; the X and W lists (P2L, M2P) and M2M, L2L run
+    on every device over all points."""
+    ops, kernel = operators
+    me = jax.lax.axis_index(axis)
+    m = tgt.shape[0]
+    mine = dataclasses.replace(
+        tree, src_sorted=src, src_start=jnp.clip(tree.src_start - me * src.shape[0], 0,
+                                                 src.shape[0]),
+        src_leaf=src_leaf, tgt_sorted=tgt, tgt_leaf=tgt_leaf,
+        tgt_start=jnp.clip(tree.tgt_start - me * m, 0, m))
+    q_all = jax.lax.all_gather(q, axis, tiled=True)[:n]
+    phi, grad = backend.near_field(kernel, tgt, mine.tgt_start, tree.src_sorted, q_all,
+                                   tree.src_start, tree.near, gradient, mode)
+    family, p = config.family, config.order
+    if family is not None and tree.depth >= 2:
+        side = tree.box_side(tree.level)
+        combine = functools.partial(jax.lax.psum, axis_name=axis)
+        mult = passes.adaptive_upward(mine, q, family, ops, p, side, mode, combine=combine)
+        window = functools.partial(_window_blocks, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
+        loc = passes.adaptive_downward(tree, mult, q_all, family, ops, kernel, p, mode,
+                                       m2l=window)
+        coef = family.l2p_coefficients(loc, p, gradient)
+        lphi, lgrad = backend.l2p(family, (tgt - tree.center[tgt_leaf]) / side[tgt_leaf][:, None],
+                                  coef, mine.tgt_start, tgt_leaf, side, p, gradient, mode)
+        wphi, wgrad = backend.far_m2p(family, kernel, tree, mult, p, gradient, mode)
+        pick = lambda a: jax.lax.dynamic_slice_in_dim(_pad(a, n_dev, False), me * m, m)  # noqa: E731
+        phi = phi + lphi + pick(wphi)
+        grad = grad + lgrad + pick(wgrad) if gradient else None
+    return _outputs((phi, grad), gradient)
+
+
 def _outputs(result, gradient: bool):
     phi, grad = result
     return (phi, grad) if gradient else (phi,)
 
 
 def _window_m2l(mult, level: int, mats, *, dim: int, axis: str, n_dev: int, mode: str):
-    """The M2L of one level, each device translating into its window of
-    ceil(b / D) parents' children (b parents), all-gathered: locals of
-    every box (2^(d level), K, P)."""
+    """The M2L of one level of the dense grid (`_window_blocks` over its
+    blocks of siblings): locals of every box (2^(d level), K, P)."""
     nc = 2 ** dim
-    b = mult.shape[0] // nc
-    width = -(-b // n_dev)
-    parents = jax.lax.axis_index(axis) * width + jnp.arange(width)
-    table = lists.neighbors(level - 1, dim)
-    cols = jnp.where(parents[:, None] < b, table[jnp.minimum(parents, b - 1)], b)
-    grouped = mult.reshape((b, nc) + mult.shape[1:])
-    far = backend.m2l_blocks(grouped, cols, mats, dim, mode)
-    return jax.lax.all_gather(far, axis, tiled=True)[:b * nc]
+    grouped = mult.reshape((-1, nc) + mult.shape[1:])
+    return _window_blocks(grouped, lists.neighbors(level - 1, dim), mats, dim=dim, axis=axis,
+                          n_dev=n_dev, mode=mode)
+
+
+def _window_blocks(grouped, cols, mats, *, dim: int, axis: str, n_dev: int, mode: str):
+    """`backend.m2l_blocks` with each device translating into a window of
+    ceil(t / D) of the t target blocks, all-gathered: (t 2^d, K, P)."""
+    t, b = cols.shape[0], grouped.shape[0]
+    width = -(-t // n_dev)
+    rows = jax.lax.axis_index(axis) * width + jnp.arange(width)
+    mine = jnp.where(rows[:, None] < t, cols[jnp.minimum(rows, t - 1)], b)
+    far = backend.m2l_blocks(grouped, mine, mats, dim, mode)
+    return jax.lax.all_gather(far, axis, tiled=True)[:t * 2 ** dim]

@@ -135,11 +135,13 @@ def _blocks(tree: adaptive.AdaptiveTree, level: int):
 
 
 def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, side,
-                    mode: str):
-    """Multipoles of every box (B, K, P): P2M at the leaves, M2M up to level 2."""
+                    mode: str, combine=None):
+    """Multipoles of every box (B, K, P): P2M at the leaves, M2M up to level
+    2. combine: as in `upward`."""
     leaf = tree.src_leaf
     u = (tree.src_sorted - tree.center[leaf]) / side[leaf][:, None]
     mult = backend.p2m(family, u, q_sorted, tree.src_start, leaf, p, mode)
+    mult = mult if combine is None else combine(mult)
     for level in range(tree.depth, 2, -1):
         off, end = tree.offsets[level], tree.offsets[level + 1]
         owner = tree.parent[off:end:2 ** tree.dim]
@@ -148,9 +150,11 @@ def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, 
 
 
 def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
-                      kernel: kernels.Kernel, p: int, mode: str):
+                      kernel: kernels.Kernel, p: int, mode: str, m2l=None):
     """Local expansions of every box (B, K, P): P2L of the X lists, then
-    level by level M2L over the V lists and L2L from the parent."""
+    level by level M2L over the V lists and L2L from the parent.
+    m2l(grouped, cols, mats): one level's blocks translated, in place of
+    `backend.m2l_blocks` (a device's share of it, `jfmm.distributed`)."""
     loc = backend.far_p2l(family, kernel, tree, q_sorted, p, mult, mode)
     basis = family.m2l_basis(ops)
     ways = 2 ** tree.dim
@@ -162,7 +166,8 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
             m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
         mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
         grouped = m.reshape((-1, ways) + m.shape[1:])
-        got = backend.m2l_blocks(grouped, cols, mats, tree.dim, mode)
+        got = (backend.m2l_blocks(grouped, cols, mats, tree.dim, mode) if m2l is None
+               else m2l(grouped, cols, mats))
         if basis is not None:
             got = jnp.einsum("bke,eq->bkq", got, basis, precision=translate.HIGHEST)
         if level > 2:                   # levels below 2 hold no locals

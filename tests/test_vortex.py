@@ -57,7 +57,7 @@ def rel(a, b):
 # on a sphere; targets the elements themselves or apart from them. The
 # Gaussian core's incomplete gamma function is slow on the CPU: fewer points.
 CASES = [("singular", 0.0, "cluster", False, 500), ("rosenhead_moore", 0.03, "cube", True, 500),
-         ("winckelmans", 0.03, "cluster", False, 500), ("gaussian", 0.03, "sphere", True, 300),
+         ("winckelmans", 0.03, "cluster", False, 500), ("gaussian", 0.03, "sphere", True, 200),
          ("polynomial", 0.03, "cube", False, 500)]
 
 
