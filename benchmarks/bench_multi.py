@@ -4,7 +4,8 @@
     python benchmarks/bench_multi.py --emulate 1,2,4,8 \
         --out docs/data/multi_emulated.json                              # one GPU
 
-3D Laplace, float32, eps 1e-5, uniform cube, potential and gradient.
+3D Laplace, float32, eps 1e-5, potential and gradient; uniform cube points
+on the uniform tree, or with --points plummer an adaptive tree.
 
 Real runs: a mesh over the first D GPUs, D = 1, 2, 4, ... up to the GPUs
 present; strong scaling at N = 2^--strong, weak scaling at 2^--weak points
@@ -30,7 +31,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import Table, median_time, parser, reference, rel, sample
+from common import Table, make_points, median_time, parser, reference, rel, sample
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jfmm
@@ -50,31 +51,36 @@ COLUMNS = [
 
 def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
     """MB each of n_dev devices receives per apply: the point all-gather,
-    the ring all-reduce of the leaf multipoles, the all-gathers of each
-    level's locals (jfmm.distributed)."""
+    the ring all-reduce of the leaf (adaptive: every box's) multipoles, the
+    all-gathers of each level's locals (jfmm.distributed)."""
     cfg, tree = pl.config, pl.tree
     share = (n_dev - 1) / n_dev
     s = tree.src_sorted.dtype.itemsize
     total = tree.src_sorted.shape[0] * (tree.dim + k) * s
-    if cfg.family is not None and cfg.depth >= 2:
+    if cfg.tree == "adaptive":        # the whole tree, targets included, on every device
+        total += tree.tgt_sorted.shape[0] * tree.dim * s
+        boxes = tree.n_boxes
+        windowed = tree.offsets[tree.depth + 1] - tree.offsets[2]
+    else:
+        boxes = 2 ** (tree.dim * cfg.depth)
+        windowed = sum(2 ** (tree.dim * lv) for lv in range(2, cfg.depth + 1))
+    if cfg.family is not None and tree.depth >= 2:
         coef = jax.eval_shape(lambda: cfg.family.p2m(tree.src_sorted[:1], jnp.ones((1, k)),
                                                      cfg.order)).shape[2]
         basis = cfg.family.m2l_basis(pl.ops)
         comp = coef if basis is None else basis.shape[0]
-        total += 2 * 2 ** (tree.dim * cfg.depth) * k * coef * s
-        total += sum(2 ** (tree.dim * lv) for lv in range(2, cfg.depth + 1)) * k * comp * s
+        total += (2 * boxes * coef + windowed * comp) * k * s
     return share * total / 1e6
 
 
-def measure(x, q, mesh, repeats: int, rng) -> dict:
+def measure(x, q, mesh, repeats: int, rng, tree: str) -> dict:
     """A row of times and errors on `mesh` (None: one GPU, no mesh)."""
     if mesh is None:
         xs, qs = jnp.asarray(x), jnp.asarray(q)
-        pl = jfmm.plan(xs, eps=1e-5, gradient=True, tree="uniform")
     else:
         sharding = NamedSharding(mesh, PartitionSpec("x"))
         xs, qs = jax.device_put(x, sharding), jax.device_put(q, sharding)
-        pl = jfmm.plan(xs, eps=1e-5, gradient=True, mesh=mesh)
+    pl = jfmm.plan(xs, eps=1e-5, gradient=True, tree=tree, mesh=mesh)
     total = jax.jit(lambda p, x, q: p.update(x).apply(q, gradient=True))
     build = jax.jit(lambda p, x: p.update(x).tree)
     apply = jax.jit(lambda p, q: p.apply(q, gradient=True))
@@ -82,7 +88,7 @@ def measure(x, q, mesh, repeats: int, rng) -> dict:
     idx = sample(rng, len(x))
     ref = reference(x.astype(np.float64), q.astype(np.float64), x[idx].astype(np.float64))
     n_dev = 1 if mesh is None else mesh.devices.size
-    return dict(n=len(x), devices=n_dev, order=pl.order, depth=pl.config.depth,
+    return dict(n=len(x), devices=n_dev, order=pl.order, depth=pl.tree.depth,
                 total_ms=1e3 * median_time(total, pl, xs, qs, repeats=repeats),
                 build_ms=1e3 * median_time(build, pl, xs, repeats=repeats),
                 apply_ms=1e3 * median_time(apply, pl, qs, repeats=repeats),
@@ -111,16 +117,20 @@ def shard_times(pl, q, n_dev: int, repeats: int) -> list[float]:
     pad = lambda a, edge: distributed._pad(a, n_dev, edge)          # noqa: E731
     arrays = (pad(tree.src_sorted, True), pad(jnp.asarray(q)[tree.src_perm][:, None], False),
               pad(tree.src_leaf, True), pad(tree.tgt_sorted, True), pad(tree.tgt_leaf, True))
-    whole = (tree.src_start, tree.tgt_start, tree.lo, tree.side, (pl.ops, pl.kernel))
+    if cfg.tree == "adaptive":
+        whole, shard = (tree, (pl.ops, pl.kernel)), distributed._adaptive_shard
+    else:
+        whole = (tree.src_start, tree.tgt_start, tree.lo, tree.side, (pl.ops, pl.kernel))
+        shard = distributed._shard
 
     @jax.jit
     def one(me, *args):
         local = [jax.lax.dynamic_slice_in_dim(a, me * (a.shape[0] // n_dev), a.shape[0] // n_dev)
                  for a in args[:5]]
         with local_collectives(me, n_dev):
-            return distributed._shard(*local, *args[5:], config=cfg, n=tree.src_sorted.shape[0],
-                                      depth=tree.depth, dim=tree.dim, axis="x", n_dev=n_dev,
-                                      gradient=True, mode=backend.current())
+            return shard(*local, *args[5:], config=cfg, n=tree.src_sorted.shape[0],
+                         depth=tree.depth, dim=tree.dim, axis="x", n_dev=n_dev,
+                         gradient=True, mode=backend.current())
 
     return [1e3 * median_time(one, jnp.int32(s), *arrays, *whole, repeats=repeats)
             for s in range(n_dev)]
@@ -132,18 +142,25 @@ def main():
     ap.add_argument("--weak", type=int, default=22, help="log2 N per GPU of weak scaling")
     ap.add_argument("--emulate", default=None,
                     help="device counts to emulate on one GPU (1,2,4,8); else real meshes")
+    ap.add_argument("--points", default="cube", choices=("cube", "plummer"),
+                    help="cube: the uniform tree; plummer: an adaptive one")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    table = Table("3D Laplace on several GPUs, float32, eps 1e-5, uniform cube", COLUMNS)
+    tree = "uniform" if args.points == "cube" else "adaptive"
+    table = Table(f"3D Laplace on several GPUs, float32, eps 1e-5, {args.points} points, "
+                  f"{tree} tree", COLUMNS)
     gpus = len(jax.devices())
+
+    def pointset(n):
+        return (make_points(args.points, n, rng).astype(np.float32),
+                (rng.random(n) - 0.5).astype(np.float32))
+
     if args.emulate:
-        n = 2 ** args.strong
-        x = rng.random((n, 3)).astype(np.float32)
-        q = (rng.random(n) - 0.5).astype(np.float32)
-        table.add(dict(measure(x, q, None, args.repeats, rng), scaling="no mesh"))
-        one = measure(x, q, Mesh(np.array(jax.devices()[:1]), ("x",)), args.repeats, rng)
+        x, q = pointset(2 ** args.strong)
+        table.add(dict(measure(x, q, None, args.repeats, rng, tree), scaling="no mesh"))
+        one = measure(x, q, Mesh(np.array(jax.devices()[:1]), ("x",)), args.repeats, rng, tree)
         table.add(dict(one, scaling="mesh of 1"))
-        pl = jfmm.plan(x, eps=1e-5, gradient=True, tree="uniform")
+        pl = jfmm.plan(x, eps=1e-5, gradient=True, tree=tree)
         for d in (int(v) for v in args.emulate.split(",")):
             shards = shard_times(pl, q, d, args.repeats)
             table.add(dict(one, scaling="emulated", devices=d, apply_ms=None,
@@ -155,10 +172,9 @@ def main():
         for scaling in ("strong", "weak"):
             base = None
             for d in counts:
-                n = 2 ** args.strong if scaling == "strong" else d * 2 ** args.weak
-                x = rng.random((n, 3)).astype(np.float32)
-                q = (rng.random(n) - 0.5).astype(np.float32)
-                row = measure(x, q, Mesh(np.array(jax.devices()[:d]), ("x",)), args.repeats, rng)
+                x, q = pointset(2 ** args.strong if scaling == "strong" else d * 2 ** args.weak)
+                row = measure(x, q, Mesh(np.array(jax.devices()[:d]), ("x",)), args.repeats, rng,
+                              tree)
                 base = base or row["total_ms"]
                 row.update(scaling=scaling, efficiency=base / row["total_ms"]
                            / (d if scaling == "strong" else 1))
