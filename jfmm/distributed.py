@@ -20,8 +20,9 @@ per call:
 The fast Gauss transform sums its moments the same way and then runs its
 grid translation on every device. On an adaptive tree (`jfmm.tree.adaptive`,
 whose points are sorted by leaf) the near field over the U lists, P2M and
-L2P are split the same way and the M2L of each level's blocks in windows;
-the X and W lists (P2L, M2P), M2M and L2L run whole on every device. Collectives are XLA's (NCCL on GPUs): the
+L2P are split the same way, the M2L of each level's blocks and the W and X
+work lists (M2P, P2L) in equal windows, whose partial sums are reduced over
+the mesh; M2M and L2L run whole on every device. Collectives are XLA's (NCCL on GPUs): the
 same program runs over the GPUs of one host and, after
 `jax.distributed.initialize()`, over many hosts.
 
@@ -169,8 +170,8 @@ def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config,
     """`_shard` on an adaptive tree (`passes.adaptive_evaluate`), whole on
     every device: the near field over the U lists at this device's targets,
     P2M of its sources summed over the mesh, the M2L of each level's
-    blocks split in windows; the X and W lists (P2L, M2P) and M2M, L2L run
-    on every device over all points."""
+    blocks and the W and X work lists split in windows (their partial
+    sums reduced over the mesh); M2M and L2L on every device."""
     ops, kernel = operators
     me = jax.lax.axis_index(axis)
     m = tgt.shape[0]
@@ -188,16 +189,30 @@ def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config,
         combine = functools.partial(jax.lax.psum, axis_name=axis)
         mult = passes.adaptive_upward(mine, q, family, ops, p, side, mode, combine=combine)
         window = functools.partial(_window_blocks, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
-        loc = passes.adaptive_downward(tree, mult, q_all, family, ops, kernel, p, mode,
-                                       m2l=window)
+        # Each device takes a window of the W and X work lists over all points.
+        share = dataclasses.replace(tree, w_tile=_window(tree.w_tile, me, n_dev),
+                                    w_pos=_window(tree.w_pos, me, n_dev),
+                                    x_tile=_window(tree.x_tile, me, n_dev),
+                                    x_pos=_window(tree.x_pos, me, n_dev))
+        loc = passes.adaptive_downward(share, mult, q_all, family, ops, kernel, p, mode,
+                                       m2l=window, combine=combine)
         coef = family.l2p_coefficients(loc, p, gradient)
         lphi, lgrad = backend.l2p(family, (tgt - tree.center[tgt_leaf]) / side[tgt_leaf][:, None],
                                   coef, mine.tgt_start, tgt_leaf, side, p, gradient, mode)
-        wphi, wgrad = backend.far_m2p(family, kernel, tree, mult, p, gradient, mode)
-        pick = lambda a: jax.lax.dynamic_slice_in_dim(_pad(a, n_dev, False), me * m, m)  # noqa: E731
-        phi = phi + lphi + pick(wphi)
-        grad = grad + lgrad + pick(wgrad) if gradient else None
+        wphi, wgrad = backend.far_m2p(family, kernel, share, mult, p, gradient, mode)
+        mine_rows = functools.partial(jax.lax.psum_scatter, axis_name=axis, tiled=True)
+        phi = phi + lphi + mine_rows(_pad(wphi, n_dev, False))
+        grad = grad + lgrad + mine_rows(_pad(wgrad, n_dev, False)) if gradient else None
     return _outputs((phi, grad), gradient)
+
+
+def _window(work, me, n_dev: int):
+    """Device me's equal share of a work list (W, X), padded with entries
+    past every tile (dead ones)."""
+    width = -(-work.shape[0] // n_dev)
+    padded = jnp.concatenate([work, jnp.full((n_dev * width - work.shape[0],),
+                                             jnp.iinfo(jnp.int32).max, work.dtype)])
+    return jax.lax.dynamic_slice_in_dim(padded, me * width, width)
 
 
 def _outputs(result, gradient: bool):

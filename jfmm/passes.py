@@ -150,12 +150,14 @@ def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, 
 
 
 def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
-                      kernel: kernels.Kernel, p: int, mode: str, m2l=None):
+                      kernel: kernels.Kernel, p: int, mode: str, m2l=None, combine=None):
     """Local expansions of every box (B, K, P): P2L of the X lists, then
     level by level M2L over the V lists and L2L from the parent.
     m2l(grouped, cols, mats): one level's blocks translated, in place of
-    `backend.m2l_blocks` (a device's share of it, `jfmm.distributed`)."""
+    `backend.m2l_blocks` (a device's share of it, `jfmm.distributed`);
+    combine: applied to the X lists' locals (see `upward`)."""
     loc = backend.far_p2l(family, kernel, tree, q_sorted, p, mult, mode)
+    loc = loc if combine is None else combine(loc)
     basis = family.m2l_basis(ops)
     ways = 2 ** tree.dim
     for level in range(2, tree.depth + 1):
