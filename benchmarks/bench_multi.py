@@ -52,7 +52,9 @@ COLUMNS = [
 def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
     """MB each of n_dev devices receives per apply: the point all-gather,
     the ring all-reduce of the leaf (adaptive: every box's) multipoles, the
-    all-gathers of each level's locals (jfmm.distributed)."""
+    all-gathers of each level's locals, and on adaptive trees the all-reduce
+    of the X lists' locals and the reduce-scatter of the W lists' sums
+    (jfmm.distributed)."""
     cfg, tree = pl.config, pl.tree
     share = (n_dev - 1) / n_dev
     s = tree.src_sorted.dtype.itemsize
@@ -70,6 +72,8 @@ def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
         basis = cfg.family.m2l_basis(pl.ops)
         comp = coef if basis is None else basis.shape[0]
         total += (2 * boxes * coef + windowed * comp) * k * s
+        if cfg.tree == "adaptive":    # the X lists' locals summed, the W lists' sums scattered
+            total += (2 * boxes * coef + tree.tgt_sorted.shape[0] * (1 + tree.dim)) * k * s
     return share * total / 1e6
 
 
@@ -100,14 +104,16 @@ def measure(x, q, mesh, repeats: int, rng, tree: str) -> dict:
 @contextlib.contextmanager
 def local_collectives(me, n_dev: int):
     """jax.lax's collectives as one device's stand-ins while tracing."""
-    saved = jax.lax.axis_index, jax.lax.all_gather, jax.lax.psum
+    saved = jax.lax.axis_index, jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter
     jax.lax.axis_index = lambda name: me
     jax.lax.all_gather = lambda x, axis_name, tiled=False: jnp.concatenate([x] * n_dev)
     jax.lax.psum = lambda x, axis_name: x
+    jax.lax.psum_scatter = lambda x, axis_name, tiled=False: x[:x.shape[0] // n_dev]
     try:
         yield
     finally:
-        jax.lax.axis_index, jax.lax.all_gather, jax.lax.psum = saved
+        (jax.lax.axis_index, jax.lax.all_gather, jax.lax.psum,
+         jax.lax.psum_scatter) = saved
 
 
 def shard_times(pl, q, n_dev: int, repeats: int) -> list[float]:
