@@ -198,3 +198,29 @@ def test_bad_meshes(rng):
     xs = jax.device_put(jnp.asarray(x), NamedSharding(explicit, PartitionSpec("x")))
     with pytest.raises(ValueError, match="Auto"):
         jax.jit(lambda x: jfmm.fmm(x, q, mesh=explicit))(xs)
+
+
+def test_two_processes(rng):
+    """Two processes of two devices each, one mesh over jax.distributed
+    (the many-hosts path, gloo collectives on the CPU): potential, gradient
+    and jax.grad of an energy in the charges and the points against the
+    float64 direct sum."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = str(s.getsockname()[1])
+    worker = os.path.join(os.path.dirname(__file__), "multihost_worker.py")
+    seed = str(rng.integers(2 ** 31))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen([sys.executable, worker, port, str(i), seed], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    line = next(v for v in outs[0].splitlines() if v.startswith("errors"))
+    errors = [float(v) for v in line.split()[1:]]
+    assert max(errors) < 1e-6, line
