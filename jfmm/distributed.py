@@ -2,10 +2,11 @@
 
 The tree is the tree of one device (the uniform tree built by XLA's
 partitioner on sharded points, or an adaptive plan's), so the
-configuration, the order and the error are the single-device ones; only the work and the memory are split.
-Its Morton-sorted points are cut into D equal contiguous ranges, one per
-device (contiguous Morton ranges balanced by point count). Each device then,
-per call:
+configuration, the order and the error are the single-device ones; the
+work is split, while every device holds all the points and the whole
+tree's expansions. The tree's sorted points are cut into D equal
+contiguous ranges, one per device (Morton ranges balanced by point count).
+Each device then, per call:
 
     near field  all-gathers the sorted sources and charges, and sums the
                 near neighbours of its own targets
@@ -20,20 +21,23 @@ per call:
 The fast Gauss transform sums its moments the same way and then runs its
 grid translation on every device. On an adaptive tree (`jfmm.tree.adaptive`,
 whose points are sorted by leaf) the near field over the U lists, P2M and
-L2P are split the same way, the M2L of each level's blocks and the W and X
-work lists (M2P, P2L) in equal windows, whose partial sums are reduced over
-the mesh; M2M and L2L run whole on every device. Collectives are XLA's (NCCL on GPUs): the
-same program runs over the GPUs of one host and, after
-`jax.distributed.initialize()`, over many hosts.
+L2P are split the same way, and the M2L of each level's blocks and the W
+and X work lists (M2P, P2L) in equal windows, whose partial sums are
+reduced over the mesh; M2M and L2L run whole on every device. Collectives
+are XLA's (NCCL on GPUs): the same program runs over the GPUs of one host
+and, after `jax.distributed.initialize()`, over many hosts.
 
-Bytes received per device and call, D devices, N sources, K charge
-columns, leaf grid of B boxes with P coefficients (E after the family's M2L
-basis), s bytes a value: (D-1)/D [N (d + K) + 2 B K P + 8/7 B K E] s (the
-all-gather of the points, a ring all-reduce of the leaf multipoles, the
-all-gathers of the locals). This is O(N) per device, not O(N / D): it suits
-one host's links, where it is a few percent of the work (docs/BENCHMARKS.md,
-"Several GPUs"); a locally essential tree, which exchanges only the halo and
-the coarse levels, would scale it to many hosts.
+Bytes received per device and call on the uniform tree, D devices, N
+sources, K charge columns, leaf grid of B boxes with P coefficients (E
+after the family's M2L basis), s bytes a value: (D-1)/D [N (d + K) +
+2 B K P + 8/7 B K E] s (the all-gather of the points, a ring all-reduce of
+the leaf multipoles, the all-gathers of the locals); an adaptive tree adds
+its targets' coordinates, the all-reduce of the X lists' locals and the
+reduce-scatter of the W lists' sums, with B its box count. This is O(N)
+per device, not O(N / D): it suits one host's links, where it is a few
+percent of the work (docs/BENCHMARKS.md, "Several GPUs"); a locally
+essential tree, which exchanges only the halo and the coarse levels, would
+scale it to many hosts.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jfmm import passes
+from jfmm._compat import Tracer
 from jfmm.ops import backend
 from jfmm.tree import Tree, adaptive, lists
 
@@ -69,7 +74,7 @@ def on_mesh(x, mesh: Mesh):
     explicit = jax.sharding.AxisType.Explicit
     if sharding is None or explicit not in getattr(sharding.mesh, "axis_types", ()):
         return x
-    if isinstance(x, jax.core.Tracer):
+    if isinstance(x, Tracer):
         raise ValueError("inside jit, pass points and charges sharded over a mesh with Auto "
                          "axes (jax.sharding.Mesh(devices, names, axis_types=(AxisType.Auto,)))"
                          " or not sharded: jfmm sorts them, and sorting arrays typed with "
