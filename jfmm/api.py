@@ -136,14 +136,13 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     `Plan.apply` inside.
 
     Several devices: mesh, a `jax.sharding.Mesh` with one axis, splits the
-    work and the memory over its devices (`jfmm.distributed`): the same
-    tree, order and error as on one device, the results split over the
-    mesh by rows (where the rows divide evenly). Points and charges may
-    come sharded over the mesh or not; inside jit, a mesh with Explicit
-    axes (`jax.make_mesh`'s default) needs unsharded inputs. Both trees:
-    on an adaptive one the heavy passes are split and the W and X lists
-    run whole on every device. Every transformation above works on the
-    sharded call.
+    work over its devices (`jfmm.distributed`; each holds all the points):
+    the same tree, order and error as on one device, on uniform and
+    adaptive trees, the results split over the mesh by rows (where the
+    rows divide evenly). Points and charges may come sharded over the mesh
+    or not; inside jit, a mesh with Explicit axes (`jax.make_mesh`'s
+    default) needs unsharded inputs. jit, jax.grad in charges and points,
+    and vmap over charges work on the sharded call.
     """
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
@@ -172,8 +171,6 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         phi, grad = _call(_fmm_jits, sources, q, targets, kernel, config=config,
                           gradient=gradient, mode=backend.current())
     return _inputs.finish(phi, grad, layout, gradient)
-
-
 
 
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls

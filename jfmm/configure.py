@@ -81,7 +81,7 @@ class Config:
     at most `leaf` points that are not coincident; depth is then the
     uniform tree's, which the orders were chosen for); mesh: None, or the
     one-axis `jax.sharding.Mesh` whose devices share the work
-    (`jfmm.distributed`; uniform trees)."""
+    (`jfmm.distributed`)."""
     family: object
     order: int
     depth: int
