@@ -142,7 +142,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     rows divide evenly). Points and charges may come sharded over the mesh
     or not; inside jit, a mesh with Explicit axes (`jax.make_mesh`'s
     default) needs unsharded inputs. jit, jax.grad in charges and points,
-    and vmap over charges work on the sharded call.
+    and vmap over charges and point sets work on the sharded call.
     """
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)

@@ -131,10 +131,10 @@ def test_float32(rng):
     assert rel(grad, exact[1]) < 1e-5
 
 
-def test_grad_and_vmap_over_charges(rng):
+def test_grad_and_vmap(rng):
     """Reverse mode through the sharded sum (its adjoint is the sum with
-    sources and targets swapped, sharded too) and vmap over charge
-    vectors, against numpy: d/dq of w . phi(y) is G(x, y) w."""
+    sources and targets swapped, sharded too), vmap over charge vectors
+    and over point sets, against numpy: d/dq of w . phi(y) is G(x, y) w."""
     n, m = 1201, 803
     x, y = points("cube", n, rng), points("cluster", m, rng)
     mesh = mesh_of(3)
@@ -148,6 +148,11 @@ def test_grad_and_vmap_over_charges(rng):
     qs = charges(n, rng, 3).T
     batched = jax.vmap(lambda q: jfmm.fmm(x, q, y, eps=1e-6, mesh=mesh, leaf_size=16))(qs)
     assert rel(batched, reference(x, qs.T, y)[0].T) < 1e-6
+    xs = np.stack([x, points("sphere", n, rng)])               # vmap over point sets
+    sets = jax.vmap(lambda p: jfmm.fmm(p, qs[0], eps=1e-6, mesh=mesh, tree="uniform",
+                                       leaf_size=16))(xs)
+    for got, p in zip(sets, xs):
+        assert rel(got, reference(p, qs[0])[0]) < 1e-6
 
 
 def test_jit_update_and_placement(rng):
