@@ -140,9 +140,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     the same tree, order and error as on one device, on uniform and
     adaptive trees, the results split over the mesh by rows (where the
     rows divide evenly). Points and charges may come sharded over the mesh
-    or not; inside jit, a mesh with Explicit axes (`jax.make_mesh`'s
-    default) needs unsharded inputs. jit, jax.grad in charges and points,
-    and vmap over charges and point sets work on the sharded call.
+    or not; on a mesh with Explicit axes (`jax.make_mesh`'s default) only
+    eager calls take sharded inputs (under jit, grad or vmap pass them
+    unsharded or on Auto axes), and not inside `jax.set_mesh` of it. jit,
+    jax.grad in charges and points, and vmap over charges and point sets
+    work on the sharded call.
     """
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
@@ -268,6 +270,9 @@ class Plan:
                 raise ValueError(f"update needs {name} of shape {like.shape}, got {x.shape}")
             return x.astype(like.dtype)
 
+        if self.config.mesh is not None:
+            sources, targets = (None if x is None else _distributed.on_mesh(x, self.config.mesh)
+                                for x in (sources, targets))
         sources = checked("sources", sources, self.tree.src_sorted)
         targets = None if targets is None else checked("targets", targets, self.tree.tgt_sorted)
         if isinstance(self.tree, _adaptive.AdaptiveTree):

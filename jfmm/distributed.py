@@ -33,7 +33,8 @@ after the family's M2L basis), s bytes a value: (D-1)/D [N (d + K) +
 2 B K P + 8/7 B K E] s (the all-gather of the points, a ring all-reduce of
 the leaf multipoles, the all-gathers of the locals); an adaptive tree adds
 its targets' coordinates, the all-reduce of the X lists' locals and the
-reduce-scatter of the W lists' sums, with B its box count. This is O(N)
+reduce-scatter of the W lists' sums, with B its box count (8/7 is
+2^d / (2^d - 1) in 3D: the levels above the leaves). This is O(N)
 per device, not O(N / D): it suits one host's links, where it is a few
 percent of the work (docs/BENCHMARKS.md, "Several GPUs"); a locally
 essential tree, which exchanges only the halo and the coarse levels, would
@@ -56,9 +57,15 @@ from jfmm.tree import Tree, adaptive, lists
 
 def check_mesh(mesh) -> Mesh:
     """mesh, with its axes of type Auto (the partitioner places the tree's
-    sort and gathers), or a ValueError for anything but a one-axis Mesh."""
+    sort and gathers), or a ValueError for anything but a one-axis Mesh,
+    and inside a `jax.set_mesh` context of Explicit axes (where jfmm's
+    placement of its arrays is refused)."""
     if not isinstance(mesh, Mesh) or len(mesh.axis_names) != 1:
         raise ValueError(f"mesh must be a jax.sharding.Mesh with one axis, got {mesh!r}")
+    context = jax.sharding.get_abstract_mesh()
+    if jax.sharding.AxisType.Explicit in getattr(context, "axis_types", ()):
+        raise ValueError("mesh= does not run inside a jax.set_mesh context of Explicit axes: "
+                         "call jfmm outside it, or set a mesh with Auto axes")
     auto = jax.sharding.AxisType.Auto
     if tuple(mesh.axis_types) == (auto,):
         return mesh
@@ -66,20 +73,27 @@ def check_mesh(mesh) -> Mesh:
 
 
 def on_mesh(x, mesh: Mesh):
-    """A point or charge array placed for a call on `mesh`: a concrete array
-    committed to the same devices through a mesh whose axes are Explicit
-    moves to the Auto mesh (the same layout, no copy); a traced one typed
-    with such a mesh raises, since sorting it is not defined there."""
+    """A point or charge array placed for a call on `mesh`. Concrete arrays
+    committed elsewhere move onto the mesh (whole on each device), and
+    those sharded through a mesh of Explicit axes onto the same layout on
+    `mesh`'s Auto axes; other values pass. A traced one typed with Explicit
+    axes (under jit, grad or vmap) raises: jfmm sorts and gathers the
+    points and charges, which arrays of that type do not allow."""
+    if not isinstance(x, (jax.Array, Tracer)):
+        return x
     sharding = getattr(jax.typeof(x), "sharding", None)
     explicit = jax.sharding.AxisType.Explicit
-    if sharding is None or explicit not in getattr(sharding.mesh, "axis_types", ()):
-        return x
-    if isinstance(x, Tracer):
-        raise ValueError("inside jit, pass points and charges sharded over a mesh with Auto "
-                         "axes (jax.sharding.Mesh(devices, names, axis_types=(AxisType.Auto,)))"
-                         " or not sharded: jfmm sorts them, and sorting arrays typed with "
-                         "Explicit axes is not defined")
-    return jax.device_put(x, NamedSharding(mesh, x.sharding.spec))
+    if sharding is not None and explicit in getattr(sharding.mesh, "axis_types", ()):
+        if isinstance(x, Tracer):
+            raise ValueError("under jit, grad or vmap, pass points and charges sharded over a "
+                             "mesh with Auto axes (jax.sharding.Mesh(devices, names, "
+                             "axis_types=(AxisType.Auto,))) or not sharded: arrays typed with "
+                             "Explicit axes cannot be sorted and gathered as jfmm does")
+        return jax.device_put(x, NamedSharding(mesh, x.sharding.spec))
+    if (not isinstance(x, Tracer) and getattr(x, "committed", False)
+            and x.sharding.device_set != set(mesh.devices.flat)):
+        return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+    return x
 
 
 def sharded(x, mesh: Mesh, axis: int = 0):

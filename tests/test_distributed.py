@@ -176,6 +176,14 @@ def test_jit_update_and_placement(rng):
     got = jfmm.fmm(xs, qs, eps=1e-6, mesh=explicit, leaf_size=16)
     assert rel(got, reference(x, q)[0]) < 1e-6
     assert got.sharding.spec == PartitionSpec("x")
+    moved = jfmm.plan(xs, eps=1e-6, mesh=explicit, leaf_size=16).update(xs).apply(q)
+    assert rel(moved, reference(x, q)[0]) < 1e-6
+    # Python lists, and an array committed to one device, as without a mesh.
+    assert rel(jfmm.fmm(x.tolist(), q.tolist(), eps=1e-6, mesh=mesh, leaf_size=16),
+               reference(x, q)[0]) < 1e-6
+    one = jax.device_put(jnp.asarray(x), jax.devices()[0])
+    assert rel(jfmm.fmm(one, q, eps=1e-6, mesh=mesh_of(3), leaf_size=16),
+               reference(x, q)[0]) < 1e-6
 
 
 def test_pallas_kernels_in_shards(rng):
@@ -203,6 +211,10 @@ def test_bad_meshes(rng):
     xs = jax.device_put(jnp.asarray(x), NamedSharding(explicit, PartitionSpec("x")))
     with pytest.raises(ValueError, match="Auto"):
         jax.jit(lambda x: jfmm.fmm(x, q, mesh=explicit))(xs)
+    with pytest.raises(ValueError, match="Auto"):
+        jax.grad(lambda x: jnp.sum(jfmm.fmm(x, q, mesh=explicit)))(xs)
+    with jax.set_mesh(explicit), pytest.raises(ValueError, match="set_mesh"):
+        jfmm.fmm(x, q, mesh=explicit)
 
 
 def test_two_processes(rng):
