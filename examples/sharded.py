@@ -8,7 +8,7 @@ devices made by XLA_FLAGS before jax starts), shards points and charges
 over it, and computes potential and gradient with `jfmm.fmm(...,
 mesh=mesh)`, then forces by `jax.grad` of the energy through the sharded
 sum. It prints how the results are laid out over the devices and the
-error against a float64 direct sum at 1,000 targets. About 20 s on a
+error against a float64 direct sum at 1,000 targets. About 30 s on a
 2-core CPU at the default size.
 """
 import argparse
