@@ -150,20 +150,20 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     kernel = _inputs.kernel_of(kernel)
     if mesh is not None:
         mesh = _distributed.check_mesh(mesh)
-        sources, charges, targets = (None if x is None else _distributed.on_mesh(x, mesh)
+        sources, charges, targets = (_distributed.on_mesh(x, mesh)
                                      for x in (sources, charges, targets))
     # The same jax arrays as a checked earlier call: its plan, without checks.
-    opts = (eps, leaf_size, order, family, gradient, tree, mesh)
-    known = _eager_plan(sources, targets, kernel, *opts, make=False)
+    opts = (eps, leaf_size, order, family, gradient, tree)
+    known = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, make=False)
     if known is not None:
         return known.apply(charges, gradient)
     given = (sources, targets)
     sources, q, targets, layout = _inputs.prepare(sources, charges, targets, kernel)
     if sources is given[0] and targets is given[1]:     # jax arrays of the working dtype
-        remembered = _eager_plan(sources, targets, kernel, *opts)
+        remembered = _eager_plan(sources, targets, kernel, *opts, mesh=mesh)
         if remembered is not None:
             return remembered.apply(charges, gradient)
-    config = _configure.resolve_eager(sources, targets, kernel, *opts[:-1])   # remembered
+    config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
     config = dataclasses.replace(_configure.choose_tree(config, sources, targets, tree),
                                  mesh=mesh)
     if config.tree == "adaptive":
@@ -271,7 +271,7 @@ class Plan:
             return x.astype(like.dtype)
 
         if self.config.mesh is not None:
-            sources, targets = (None if x is None else _distributed.on_mesh(x, self.config.mesh)
+            sources, targets = (_distributed.on_mesh(x, self.config.mesh)
                                 for x in (sources, targets))
         sources = checked("sources", sources, self.tree.src_sorted)
         targets = None if targets is None else checked("targets", targets, self.tree.tgt_sorted)
@@ -313,8 +313,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     kernel = _inputs.kernel_of(kernel)
     if mesh is not None:
         mesh = _distributed.check_mesh(mesh)
-        sources, targets = (None if x is None else _distributed.on_mesh(x, mesh)
-                            for x in (sources, targets))
+        sources, targets = (_distributed.on_mesh(x, mesh) for x in (sources, targets))
     dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)      # the points set the dtype
     sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,

@@ -76,7 +76,7 @@ def on_mesh(x, mesh: Mesh):
     """A point or charge array placed for a call on `mesh`. Concrete arrays
     committed elsewhere move onto the mesh (whole on each device), and
     those sharded through a mesh of Explicit axes onto the same layout on
-    `mesh`'s Auto axes; other values pass. A traced one typed with Explicit
+    `mesh`'s Auto axes; other values (None, lists) pass. A traced one typed with Explicit
     axes (under jit, grad or vmap) raises: jfmm sorts and gathers the
     points and charges, which arrays of that type do not allow."""
     if not isinstance(x, (jax.Array, Tracer)):
