@@ -13,7 +13,7 @@ import numpy as np
 from jfmm import api, kernels
 from jfmm._compat import Tracer
 from jfmm.models.chebyshev import ROUNDING_FLOOR
-from jfmm.rbf import polynomial, system
+from jfmm.rbf import nystrom, polynomial, system
 
 # Below this many data points the system is solved densely, as scipy does.
 DENSE_MAX = 4096
@@ -48,6 +48,8 @@ KERNELS = {
     "inverse_quadratic": (kernels.InverseQuadratic, True, -1),
     "gaussian": (kernels.Gaussian, True, -1),
 }
+# The strictly positive definite ones (a Nystrom preconditioner needs A >= 0).
+POSITIVE_DEFINITE = ("inverse_multiquadric", "inverse_quadratic", "gaussian")
 
 
 def kernel_for(name: str, epsilon):
@@ -98,9 +100,17 @@ class RBFInterpolator:
     Solve (keyword-only extras; scipy has none): `method` 'dense' (LU of
     the whole system, as scipy; the default up to N = 4096) or 'krylov'
     (the default above): flexible GMRES on the moment-projected system
-    (`jfmm.rbf.system`) with a multilevel restricted additive Schwarz
-    preconditioner (`jfmm.rbf.schwarz`), every product an FMM sum of a
-    plan built once (family, order and tree fixed). It stops at relative
+    (`jfmm.rbf.system`), every product an FMM sum of a plan built once
+    (family, order and tree fixed), with the `preconditioner`:
+    'schwarz', multilevel restricted additive Schwarz (`jfmm.rbf.schwarz`);
+    'nystrom', P = F F^T + diag(smoothing) with F (N, rank) from randomly
+    pivoted Cholesky (`jfmm.rbf.nystrom`; positive definite kernels with
+    smoothing > 0 only; `rank` rounded up to a multiple of 128); or 'auto'
+    (default): Nystrom for the positive definite kernels with concrete
+    smoothing > 0 everywhere where a rank within a memory budget (a
+    quarter of the device's memory for three N x rank arrays, at most
+    N / 2) bounds the preconditioned condition number by 10^4, else
+    Schwarz. `rank` gives the Nystrom rank instead of searching for it. It stops at relative
     residual of the moment-projected system <= tol (default 1e-8 in float64, 1e-4 in
     float32) or after maxiter steps (default 300) and raises RuntimeError
     where tol is not reached (under a trace the coefficients become NaN
@@ -134,18 +144,23 @@ class RBFInterpolator:
     Convergence of the Krylov solve, measured (docs/BENCHMARKS.md, uniform
     3D points, residual 1e-6): 5-6 iterations for the linear kernel and
     6-7 for the thin-plate spline from 10^4 to 10^6 points, more on
-    clustered points. The positive definite kernels converge with
-    smoothing: at 1e-2 the inverse multiquadric (epsilon 5 or 12) and the
-    Gaussian (epsilon 12) up to 10^6 points in 11-22 iterations. Flat
-    kernels (a width of several point spacings) with little or no
-    smoothing stagnate under this preconditioner (smoothing 1e-4 stops
-    converging past about 10^4 points): there the constructor raises; up
-    to 4,096 points the dense solve serves them.
+    clustered points (Schwarz). The positive definite kernels need
+    smoothing > 0 above 4,096 points: local ones (a width of about the
+    point spacing or less) converge under Schwarz, flat ones (a width of
+    many spacings) under Nystrom, whose rank grows with the number of the
+    kernel matrix's eigenvalues above the smoothing. Between the two (for
+    example the inverse multiquadric of epsilon 5 on the unit cube with
+    smoothing 1e-6) the rank needed approaches N: past the memory budget
+    the constructor raises; up to 4,096 points the dense solve serves
+    every case. Flat kernels with tiny smoothing are ill-conditioned in
+    themselves (condition number ~ the largest eigenvalue / smoothing):
+    the coefficients, and scipy's, are determined only to about that
+    times float64's rounding.
     """
 
     def __init__(self, y, d, neighbors=None, smoothing=0.0, kernel="thin_plate_spline",
                  epsilon=None, degree=None, *, tol=None, maxiter=300, fmm_eps=None,
-                 method="auto"):
+                 method="auto", preconditioner="auto", rank=None):
         if neighbors is not None:
             raise NotImplementedError(
                 "neighbors (local interpolation from the nearest data points) is not "
@@ -213,6 +228,9 @@ class RBFInterpolator:
         fmm_eps = max(tol / 10, floor) if fmm_eps is None else float(fmm_eps)
         if not (tol > 0 and fmm_eps > 0 and int(maxiter) >= 1):
             raise ValueError("tol and fmm_eps must be > 0 and maxiter >= 1")
+        if preconditioner not in ("auto", "schwarz", "nystrom"):
+            raise ValueError("preconditioner must be 'auto', 'schwarz' or 'nystrom', got "
+                             f"{preconditioner!r}")
 
         shift, scale = polynomial.shift_and_scale(y_np.astype(np.float64))
         points = jnp.asarray(y_np, dtype)
@@ -220,7 +238,10 @@ class RBFInterpolator:
         settings = levels = None
         order = None
         if method == "krylov":
-            settings = system.Settings(tol=tol, maxiter=int(maxiter))
+            preconditioner, rank = _preconditioner(preconditioner, rank, kernel, points,
+                                                   smoothing, kernel_for(kernel, epsilon))
+            settings = system.Settings(tol=tol, maxiter=int(maxiter),
+                                       preconditioner=preconditioner, rank=rank, seed=0)
             levels = system.hierarchy(y_np.astype(np.float64), points,
                                       smoothing, k, exponents, fmm_eps, settings)
             own = levels[0].own
@@ -261,6 +282,18 @@ class RBFInterpolator:
     def method(self) -> str:
         return self._static.method
 
+    @property
+    def preconditioner(self) -> str | None:
+        """'schwarz' or 'nystrom' (the Krylov solve's), None for 'dense'."""
+        st = self._static.settings
+        return None if st is None else st.preconditioner
+
+    @property
+    def rank(self) -> int:
+        """The Nystrom preconditioner's rank (0 without one)."""
+        st = self._static.settings
+        return 0 if st is None else st.rank
+
     neighbors = None
 
     # ------------------------------------------------------------ solve
@@ -290,7 +323,7 @@ class RBFInterpolator:
             iterations = jnp.zeros((), jnp.int32)
         else:
             levels = system.with_parameters(self._levels, k, smoothing, exponents,
-                                            st.settings.core)
+                                            st.settings)
             c, a, iterations, residual = _krylov_solve(levels, values, p, st.settings)
             failed = ~(residual <= st.settings.tol)
             c = jnp.where(failed, jnp.nan, c)
@@ -316,10 +349,26 @@ class RBFInterpolator:
         if not float(res) <= self._static.settings.tol:
             raise RuntimeError(
                 f"the RBF solve did not converge: relative residual {float(res):.2e} after "
-                f"{int(self.iterations)} iterations, tol {self._static.settings.tol:g}. Raise "
-                f"maxiter, loosen tol, lower fmm_eps (the FMM's error bounds the residual "
-                f"reachable; it is {self._static.fmm_eps:g}), or add smoothing (duplicate "
-                f"points with smoothing 0 make the system singular)")
+                f"{int(self.iterations)} iterations, tol {self._static.settings.tol:g}, "
+                f"{self._describe_preconditioner()}. Raise maxiter, loosen tol, lower fmm_eps "
+                f"(the FMM's error bounds the residual reachable; it is "
+                f"{self._static.fmm_eps:g}), or add smoothing (duplicate points with "
+                f"smoothing 0 make the system singular){self._flat_advice()}")
+
+    def _describe_preconditioner(self) -> str:
+        if self.preconditioner == "nystrom":
+            return f"Nystrom preconditioner of rank {self.rank}"
+        return "Schwarz preconditioner"
+
+    def _flat_advice(self) -> str:
+        if self.kernel not in POSITIVE_DEFINITE:
+            return ""
+        if self.preconditioner == "nystrom":
+            return "; or raise the Nystrom rank (rank=)"
+        return ("; flat kernels (wide against the point spacing) need smoothing > 0 and "
+                "preconditioner='nystrom' with a rank near the number of the kernel "
+                "matrix's eigenvalues above the smoothing (rank=; preconditioner='auto' "
+                "takes it where a rank within its memory budget suffices)")
 
     def _singular_message(self) -> str:
         p = np.asarray(polynomial.monomials((self.y - self._shift) / self._scale,
@@ -385,6 +434,45 @@ jax.tree_util.register_pytree_node(RBFInterpolator, _flatten, _unflatten)
 
 # The constructor's solve, compiled once per shapes and settings.
 _fit = jax.jit(lambda it, d, epsilon, smoothing: it.fit(d, epsilon, smoothing))
+
+
+def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):
+    """The Krylov solve's preconditioner and Nystrom rank for the user's
+    `choice`: 'auto' takes Nystrom where the kernel is positive definite,
+    the smoothing concrete and positive, and a rank within the memory
+    budget brings the preconditioned condition number's bound below
+    `nystrom.TARGET`; else Schwarz."""
+    if choice == "schwarz":
+        return "schwarz", 0
+    concrete = not isinstance(smoothing, Tracer)
+    positive = concrete and bool(jnp.all(smoothing > 0))
+    if choice == "nystrom":
+        if name not in POSITIVE_DEFINITE:
+            raise ValueError(f"the Nystrom preconditioner needs a positive definite kernel "
+                             f"({', '.join(POSITIVE_DEFINITE)}), not {name!r}")
+        if concrete and not positive:
+            raise ValueError("the Nystrom preconditioner needs smoothing > 0 at every point")
+        if rank is None and not concrete:
+            raise ValueError("pass rank= for the Nystrom preconditioner with traced smoothing")
+    elif name not in POSITIVE_DEFINITE or not positive:
+        return "schwarz", 0
+    n, itemsize = points.shape[0], jnp.dtype(points.dtype).itemsize
+    if rank is not None:
+        rank = -(-int(rank) // nystrom.BLOCK) * nystrom.BLOCK
+        if not 0 < rank <= n:
+            raise ValueError(f"rank must be between 1 and the number of points {n} "
+                             f"(rounded up to a multiple of {nystrom.BLOCK})")
+        return "nystrom", rank
+    limit = nystrom.max_rank(n, itemsize)
+    chosen, _ = nystrom.choose_rank(kernel, points, smoothing, limit, jax.random.PRNGKey(0))
+    if chosen:
+        return "nystrom", chosen
+    if choice == "auto":
+        return "schwarz", 0
+    if limit < nystrom.BLOCK:
+        raise ValueError(f"too few points ({n}) or too little memory for a Nystrom "
+                         f"preconditioner of rank {nystrom.BLOCK}")
+    return "nystrom", limit
 
 
 def _bucket(m: int) -> int:

@@ -32,8 +32,11 @@ def fgmres(matvec: Callable, b, precondition: Callable, *, tol: float, restart: 
     steps, the inner solves of a multilevel preconditioner). Arnoldi by
     classical Gram-Schmidt done twice (as accurate as modified Gram-Schmidt,
     in matrix products); the least-squares problem by Givens rotations.
-    Returns x (n,) and a `Convergence` (the residual recomputed with one
-    more matvec when `recompute`, else the Givens estimate).
+    A solve ends when the true residual, recomputed at a restart, is below
+    tol, not when the Givens estimate first is (they drift apart when the
+    preconditioner is ill-conditioned).
+    Returns x (n,) and a `Convergence` (the true residual when `recompute`,
+    else the Givens estimate).
     """
     n = b.shape[0]
     dtype = b.dtype
@@ -42,7 +45,7 @@ def fgmres(matvec: Callable, b, precondition: Callable, *, tol: float, restart: 
     target = tol * bnorm
 
     def cycle(state):
-        x, steps, _ = state
+        x, steps, *_ = state
         r = b - matvec(x)
         beta = jnp.linalg.norm(r)
         V = jnp.zeros((restart + 1, n), dtype).at[0].set(r / jnp.maximum(beta, tiny))
@@ -86,15 +89,22 @@ def fgmres(matvec: Callable, b, precondition: Callable, *, tol: float, restart: 
         used = jnp.arange(restart) < j
         R = jnp.where(used[:, None] & used[None, :], H[:restart], jnp.eye(restart, dtype=dtype))
         y = jax.scipy.linalg.solve_triangular(R, jnp.where(used, g[:restart], 0.0), lower=False)
-        return x + y @ Z, steps + j, jnp.abs(g[j])
+        return x + y @ Z, steps + j, beta, jnp.abs(g[j]), j
 
     def again(state):
-        _, steps, estimate = state
-        return (steps < maxiter) & (estimate > target)
+        _, steps, beta, _, _ = state
+        return (steps < maxiter) & (beta > target)
 
-    x0 = jnp.zeros_like(b)
-    x, steps, estimate = jax.lax.while_loop(again, cycle, (x0, 0, jnp.asarray(jnp.inf, dtype)))
-    residual = jnp.linalg.norm(b - matvec(x)) if recompute else estimate
+    # A cycle runs while the true residual at its start is above target, so
+    # a Givens estimate that reached it ends the solve only once confirmed.
+    inf = jnp.asarray(jnp.inf, dtype)
+    x, steps, beta, estimate, last = jax.lax.while_loop(
+        again, cycle, (jnp.zeros_like(b), 0, inf, inf, 0))
+    if recompute:           # x moved after beta was taken unless the last cycle took no step
+        residual = jax.lax.cond(last == 0, lambda: beta,
+                                lambda: jnp.linalg.norm(b - matvec(x)))
+    else:
+        residual = estimate
     return x, Convergence(steps, residual / jnp.maximum(bnorm, tiny))
 
 

@@ -6,8 +6,12 @@ basis of range(P) and Pi = I - U U^T, Pi (A + S) Pi c = Pi d, then
 a = (P^T P)^-1 P^T (d - (A + S) c). For the kernels at or above their
 minimum polynomial degree Pi (A + S) Pi is positive definite there.
 
-Levels: level 0 holds the data points; level l + 1 a coarse subset of
-level l (`schwarz.coarsen`); the last level is solved densely. Every sum
+Preconditioners: the multilevel Schwarz one (`jfmm.rbf.schwarz`), or for
+flat positive definite kernels with smoothing a Nystrom one
+(`jfmm.rbf.nystrom`) on the data points alone.
+
+Levels (Schwarz): level 0 holds the data points; level l + 1 a coarse
+subset of level l (`schwarz.coarsen`); the last level is solved densely. Every sum
 between point sets is one `PairSum`: an FMM `Plan` built once (tree,
 family, order), or the direct sum where that is cheaper.
 """
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jfmm import api
-from jfmm.rbf import krylov, polynomial, schwarz
+from jfmm.rbf import krylov, nystrom, polynomial, schwarz
 
 # Direct sums below this many pairs (an FMM's set-up and far field cost more).
 DIRECT_PAIRS = 2 ** 24
@@ -70,8 +74,9 @@ class Level(NamedTuple):
       down: PairSum from the next level's points to these (None on the
       last level); sub (n_{l+1},) int32: the next level's points' positions
       here; cores (D, n_core), ext (D, m_ext) int32 (sentinel n_l);
-      inverse: (D, n_core, m_ext) local inverse rows, or on the last level
-      the dense (n_l, n_l) coefficient block of the inverse.
+      inverse: (D, n_core, m_ext) local inverse rows, on the last level
+      the dense (n_l, n_l) coefficient block of the inverse, or with the
+      Nystrom preconditioner (one level) a `nystrom.Nystrom`.
     """
     points: jax.Array
     members: jax.Array
@@ -86,9 +91,13 @@ class Level(NamedTuple):
 
 
 class Settings(NamedTuple):
-    """Static solver settings (changing them recompiles)."""
+    """Static solver settings (changing them recompiles). preconditioner:
+    "schwarz" or "nystrom" (of `rank`, its pivots drawn from `seed`)."""
     tol: float
     maxiter: int
+    preconditioner: str
+    rank: int
+    seed: int
     restart: int = 30
     inner: int = 8              # FGMRES steps of each coarse level's solve
     core: int = 64              # points a subdomain owns
@@ -110,6 +119,10 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
     device copy `points` and smoothing (n,), without local inverses
     (`with_parameters` adds them). Host work: median splits, k-NN queries."""
     idx, order, levels = np.arange(len(y)), None, []
+    if settings.preconditioner == "nystrom":
+        own = pair_sum(points, points, kernel, eps)
+        return (Level(points, jnp.arange(len(y), dtype=jnp.int32), smoothing,
+                      _projector(points, exponents), own, *[None] * 5),)
     while True:
         pts, smooth = points[idx], smoothing[idx]
         last = len(idx) <= settings.coarsest
@@ -133,18 +146,23 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
     return tuple(levels)
 
 
-def with_parameters(levels, kernel, smoothing, exponents, core: int):
+def with_parameters(levels, kernel, smoothing, exponents, settings: Settings):
     """Levels for a kernel (new parameters) and smoothing (n,) of the data
-    points: the sums take the kernel, the local inverses are rebuilt (not
-    differentiated: they only precondition)."""
+    points: the sums take the kernel, the local inverses or the Nystrom
+    factor are rebuilt (not differentiated: they only precondition)."""
     out = []
     frozen = jax.lax.stop_gradient(kernel)
+    core = settings.core
     for lev in levels:
         smooth = smoothing[lev.members]
         own = None if lev.own is None else lev.own.with_kernel(kernel)
         down = None if lev.down is None else lev.down.with_kernel(kernel)
         s = jax.lax.stop_gradient(smooth)
-        if lev.ext is None:
+        if settings.preconditioner == "nystrom":
+            F, _ = nystrom.factor(frozen, lev.points, 1 / s, settings.rank,
+                                  jax.random.PRNGKey(settings.seed))
+            inv = nystrom.build(F, s)
+        elif lev.ext is None:
             inv = schwarz.coarsest_inverse(frozen, lev.points, s, exponents)
         else:
             inv = schwarz.local_inverses(frozen, lev.points, s, lev.ext, core, exponents)
@@ -175,6 +193,8 @@ def precondition(levels, l: int, r, settings: Settings):
     the coarse level's solution, then restricted additive Schwarz on the
     residual it leaves (multiplicative between levels)."""
     lev = jax.lax.stop_gradient(levels[l])
+    if isinstance(lev.inverse, nystrom.Nystrom):
+        return project(lev.basis, lev.inverse(r))
     if lev.ext is None:
         return lev.inverse @ r
     coarse = _solve_level(levels, l + 1, r[lev.sub], settings)
