@@ -9,7 +9,9 @@ FMM plans), the first fit (compilation included), then the median of
 preconditioned solve), the iteration count, the relative residual and the
 relative RMS error at 2,000 new points against the function itself.
 Uniform points in the unit cube, float64, tol 1e-6 by default. Writes JSON
-(one record per run) for docs/BENCHMARKS.md.
+(one record per run) for docs/BENCHMARKS.md. With the Nystrom
+preconditioner, `rank_search_s` times its rank search alone (compiled);
+the construction and `fit` rebuild the factor at the rank found.
 """
 import argparse
 import itertools
@@ -23,7 +25,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import jfmm  # noqa: E402
-from jfmm.rbf import system  # noqa: E402
+from jfmm.rbf import nystrom, system  # noqa: E402
 from jfmm.rbf.interpolator import kernel_for  # noqa: E402
 
 EPSILON = {"gaussian": 5.0, "inverse_multiquadric": 5.0, "multiquadric": 5.0,
@@ -77,10 +79,12 @@ def gradient_cost(interp, x, fx, repeat: int) -> dict:
 
 
 def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False,
-        epsilon: float | None = None, smoothing: float = 0.0, maxiter: int = 300) -> dict:
+        epsilon: float | None = None, smoothing: float = 0.0, maxiter: int = 300,
+        preconditioner: str = "auto") -> dict:
     y, d, x, fx = data(n)
     eps = EPSILON.get(kernel) if epsilon is None else epsilon
-    opts = dict(kernel=kernel, epsilon=eps, smoothing=smoothing, tol=tol, maxiter=maxiter)
+    opts = dict(kernel=kernel, epsilon=eps, smoothing=smoothing, tol=tol, maxiter=maxiter,
+                preconditioner=preconditioner)
     t0 = time.perf_counter()
     interp = jfmm.RBFInterpolator(y, d, **opts)
     jax.block_until_ready(interp._coeffs)
@@ -106,12 +110,20 @@ def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False,
                                   st.fmm_eps, st.settings)
         jax.block_until_ready(levels)
         setup = time.perf_counter() - t
+    search = 0.0
+    if interp.preconditioner == "nystrom":     # the rank search, compiled
+        k = kernel_for(kernel, interp.epsilon)
+        limit = nystrom.max_rank(n, interp.y.dtype.itemsize)
+        t = time.perf_counter()
+        nystrom.choose_rank(k, interp.y, interp.smoothing, limit, jax.random.PRNGKey(0))
+        search = time.perf_counter() - t
     t = time.perf_counter()
     pred = jax.block_until_ready(interp(x))
     evaluate = time.perf_counter() - t
     extra = gradient_cost(interp, x, fx, repeat) if grad else {}
     return dict(kernel=kernel, n=n, tol=tol, epsilon=eps, smoothing=smoothing,
-                method=interp.method, **extra,
+                method=interp.method, preconditioner=interp.preconditioner,
+                rank=interp.rank, rank_search_s=search, **extra,
                 levels=[int(l.points.shape[0]) for l in (interp._levels or [])],
                 iterations=int(interp.iterations), residual=float(interp.residual),
                 rms_error=rms_error(pred, fx), first_call_s=first,
@@ -131,6 +143,7 @@ def main():
                     help="shape parameters (default: 5 for the kernels that need one)")
     ap.add_argument("--smoothing", type=float, nargs="+", default=[0.0])
     ap.add_argument("--maxiter", type=int, default=300)
+    ap.add_argument("--preconditioner", default="auto", choices=["auto", "schwarz", "nystrom"])
     ap.add_argument("--grad", action="store_true",
                     help="also time a validation loss's gradient in (epsilon, smoothing)")
     ap.add_argument("--out", default=None)
@@ -140,15 +153,15 @@ def main():
                                                        args.smoothing, args.sizes):
         try:
             row = run(kernel, n, args.tol, args.repeat, args.grad, eps, smoothing,
-                      args.maxiter)
+                      args.maxiter, args.preconditioner)
         except Exception as e:          # a failed solve is a result too
             row = dict(kernel=kernel, n=n, tol=args.tol, epsilon=eps, smoothing=smoothing,
                        error=str(e)[:300])
         print(json.dumps(row), flush=True)
         rows.append(row)
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        if args.out:                    # after every row: a cut-off run keeps its rows
+            with open(args.out, "w") as fh:
+                json.dump(rows, fh, indent=1)
 
 
 if __name__ == "__main__":
