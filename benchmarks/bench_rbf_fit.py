@@ -112,8 +112,8 @@ def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False,
         setup = time.perf_counter() - t
     search = 0.0
     if interp.preconditioner == "nystrom":     # the rank search, compiled
-        k = kernel_for(kernel, interp.epsilon)
-        limit = nystrom.max_rank(n, interp.y.dtype.itemsize)
+        k = kernel_for(kernel, eps)          # as the constructor's (a Python float)
+        limit = min(nystrom.max_rank(n, interp.y.dtype.itemsize), n // 4)
         t = time.perf_counter()
         nystrom.choose_rank(k, interp.y, interp.smoothing, limit, jax.random.PRNGKey(0))
         search = time.perf_counter() - t
@@ -123,7 +123,8 @@ def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False,
     extra = gradient_cost(interp, x, fx, repeat) if grad else {}
     return dict(kernel=kernel, n=n, tol=tol, epsilon=eps, smoothing=smoothing,
                 method=interp.method, preconditioner=interp.preconditioner,
-                rank=interp.rank, rank_search_s=search, **extra,
+                rank=interp.rank, rank_search_s=search, fmm_eps=interp._static.fmm_eps,
+                **extra,
                 levels=[int(l.points.shape[0]) for l in (interp._levels or [])],
                 iterations=int(interp.iterations), residual=float(interp.residual),
                 rms_error=rms_error(pred, fx), first_call_s=first,

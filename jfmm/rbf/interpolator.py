@@ -105,17 +105,19 @@ class RBFInterpolator:
     'schwarz', multilevel restricted additive Schwarz (`jfmm.rbf.schwarz`);
     'nystrom', P = F F^T + diag(smoothing) with F (N, rank) from randomly
     pivoted Cholesky (`jfmm.rbf.nystrom`; positive definite kernels with
-    smoothing > 0 only; `rank` rounded up to a multiple of 128); or 'auto'
-    (default): Nystrom for the positive definite kernels with concrete
-    smoothing > 0 everywhere where a rank within a memory budget (a
-    quarter of the device's memory for three N x rank arrays, at most
-    N / 2) bounds the preconditioned condition number by 10^4, else
-    Schwarz. `rank` gives the Nystrom rank instead of searching for it. It stops at relative
-    residual of the moment-projected system <= tol (default 1e-8 in float64, 1e-4 in
-    float32) or after maxiter steps (default 300) and raises RuntimeError
-    where tol is not reached (under a trace the coefficients become NaN
-    instead). `fmm_eps`: the FMM's relative error (default tol / 10, at
-    least 1e-5 in float32). `iterations` and `residual` report the solve
+    smoothing > 0 only; `rank` rounded up to a multiple of 128, or searched
+    for: the least bounding the preconditioned condition number by 10^4,
+    within a memory budget of a quarter of the device's memory for three
+    N x rank arrays, at most N / 2); or 'auto' (default): Nystrom for the
+    positive definite kernels with concrete smoothing > 0 everywhere where
+    the search finds a rank of at most N / 4, else Schwarz. The solve stops
+    at relative residual of the moment-projected system <= tol (default
+    1e-8 in float64, 1e-4 in float32) or after maxiter steps (default 300)
+    and raises RuntimeError where tol is not reached (under a trace the
+    coefficients become NaN instead). `fmm_eps`: the FMM's relative error
+    (default tol / 10, at least 2e-5 in float32; with Nystrom also at most
+    10 smoothing / the kernel matrix's largest eigenvalue, since the FMM's
+    error is not preconditioned). `iterations` and `residual` report the solve
     (0 and the dense solve's residual for 'dense').
 
     Calling interp(x) with x (M, dim) evaluates s at M points by one FMM
@@ -223,23 +225,31 @@ class RBFInterpolator:
             method = "dense" if n <= DENSE_MAX else "krylov"
         if method not in ("dense", "krylov"):
             raise ValueError(f"method must be 'auto', 'dense' or 'krylov', got {method!r}")
-        tol = _default_tol(dtype) if tol is None else float(tol)
-        floor = ROUNDING_FLOOR[jnp.dtype(dtype).name]          # the Chebyshev family's
-        fmm_eps = max(tol / 10, floor) if fmm_eps is None else float(fmm_eps)
-        if not (tol > 0 and fmm_eps > 0 and int(maxiter) >= 1):
-            raise ValueError("tol and fmm_eps must be > 0 and maxiter >= 1")
         if preconditioner not in ("auto", "schwarz", "nystrom"):
             raise ValueError("preconditioner must be 'auto', 'schwarz' or 'nystrom', got "
                              f"{preconditioner!r}")
-
-        shift, scale = polynomial.shift_and_scale(y_np.astype(np.float64))
         points = jnp.asarray(y_np, dtype)
         k = kernel_for(kernel, epsilon)
+        largest = None
+        if method == "krylov":
+            preconditioner, rank, largest = _preconditioner(preconditioner, rank, kernel,
+                                                            points, smoothing, k)
+        tol = _default_tol(dtype) if tol is None else float(tol)
+        floor = ROUNDING_FLOOR[jnp.dtype(dtype).name]          # the Chebyshev family's
+        if fmm_eps is None:
+            fmm_eps = max(tol / 10, floor)
+            if largest:
+                # The FMM's error, A's relative perturbation, is not
+                # preconditioned: keep it below 10 smoothing / lambda_max.
+                fmm_eps = max(min(fmm_eps, 10 * float(jnp.min(smoothing)) / largest), floor)
+        fmm_eps = float(fmm_eps)
+        if not (tol > 0 and fmm_eps > 0 and int(maxiter) >= 1):
+            raise ValueError("tol and fmm_eps must be > 0 and maxiter >= 1")
+
+        shift, scale = polynomial.shift_and_scale(y_np.astype(np.float64))
         settings = levels = None
         order = None
         if method == "krylov":
-            preconditioner, rank = _preconditioner(preconditioner, rank, kernel, points,
-                                                   smoothing, kernel_for(kernel, epsilon))
             settings = system.Settings(tol=tol, maxiter=int(maxiter),
                                        preconditioner=preconditioner, rank=rank, seed=0)
             levels = system.hierarchy(y_np.astype(np.float64), points,
@@ -437,13 +447,15 @@ _fit = jax.jit(lambda it, d, epsilon, smoothing: it.fit(d, epsilon, smoothing))
 
 
 def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):
-    """The Krylov solve's preconditioner and Nystrom rank for the user's
+    """The Krylov solve's preconditioner, Nystrom rank and the kernel
+    matrix's largest eigenvalue (None where unknown) for the user's
     `choice`: 'auto' takes Nystrom where the kernel is positive definite,
-    the smoothing concrete and positive, and a rank within the memory
-    budget brings the preconditioned condition number's bound below
-    `nystrom.TARGET`; else Schwarz."""
+    the smoothing concrete and positive, and a rank of at most N / 4 within
+    the memory budget brings the preconditioned condition number's bound
+    below `nystrom.TARGET` (beyond N / 4 the factor costs like a dense
+    solve and Schwarz is tried); else Schwarz."""
     if choice == "schwarz":
-        return "schwarz", 0
+        return "schwarz", 0, None
     concrete = not isinstance(smoothing, Tracer)
     positive = concrete and bool(jnp.all(smoothing > 0))
     if choice == "nystrom":
@@ -455,24 +467,26 @@ def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):
         if rank is None and not concrete:
             raise ValueError("pass rank= for the Nystrom preconditioner with traced smoothing")
     elif name not in POSITIVE_DEFINITE or not positive:
-        return "schwarz", 0
+        return "schwarz", 0, None
     n, itemsize = points.shape[0], jnp.dtype(points.dtype).itemsize
     if rank is not None:
         rank = -(-int(rank) // nystrom.BLOCK) * nystrom.BLOCK
         if not 0 < rank <= n:
             raise ValueError(f"rank must be between 1 and the number of points {n} "
                              f"(rounded up to a multiple of {nystrom.BLOCK})")
-        return "nystrom", rank
+        return "nystrom", rank, None
     limit = nystrom.max_rank(n, itemsize)
-    chosen, _ = nystrom.choose_rank(kernel, points, smoothing, limit, jax.random.PRNGKey(0))
-    if chosen:
-        return "nystrom", chosen
     if choice == "auto":
-        return "schwarz", 0
+        limit = min(limit, n // 4 // nystrom.BLOCK * nystrom.BLOCK)
+    found = nystrom.choose_rank(kernel, points, smoothing, limit, jax.random.PRNGKey(0))
+    if found.rank:
+        return "nystrom", found.rank, found.largest
+    if choice == "auto":
+        return "schwarz", 0, None
     if limit < nystrom.BLOCK:
         raise ValueError(f"too few points ({n}) or too little memory for a Nystrom "
                          f"preconditioner of rank {nystrom.BLOCK}")
-    return "nystrom", limit
+    return "nystrom", limit, found.largest
 
 
 def _bucket(m: int) -> int:

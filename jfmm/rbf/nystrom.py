@@ -103,23 +103,33 @@ def build(F, smoothing) -> Nystrom:
     return Nystrom(Q @ W, s2 / (1 + s2), scale)
 
 
-def choose_rank(kernel, points, smoothing, max_rank: int, key) -> tuple[int, float]:
+class Choice(NamedTuple):
+    """What `choose_rank` found: the rank (0: none within the limit), the
+    weighted residual trace there, and the kernel matrix's largest
+    eigenvalue (that of the first block's factor, a close lower bound)."""
+    rank: int
+    trace: float
+    largest: float
+
+
+def choose_rank(kernel, points, smoothing, max_rank: int, key) -> Choice:
     """The rank (a multiple of BLOCK, at most max_rank) at which
     tr(S^-1/2 E S^-1/2) first falls below TARGET, trying FIRST, 2 FIRST, ...
-    (a try's prefix is the factor of every smaller rank), and that trace.
-    Stops early where the decay over the last doubling, extrapolated, would
-    not reach TARGET within 2 max_rank. Returns (0, trace) where no rank up to
-    max_rank suffices (host; concrete inputs)."""
+    (a try's prefix is the factor of every smaller rank). Stops early where
+    the decay over the last doubling, extrapolated, would not reach TARGET
+    within 2 max_rank (host; concrete inputs)."""
     weights = 1.0 / smoothing
     rank = min(FIRST, max_rank)
     if rank < BLOCK:
-        return 0, float("inf")
+        return Choice(0, float("inf"), float("nan"))
     while True:
-        _, traces = factor(kernel, points, weights, rank, key)
+        F, traces = factor(kernel, points, weights, rank, key)
         traces = np.asarray(traces)
+        first = F[:, :BLOCK]
+        largest = float(jnp.linalg.eigvalsh(first.T @ first)[-1])
         hit = np.nonzero(traces <= TARGET)[0]
         if hit.size:
-            return int(hit[0] + 1) * BLOCK, float(traces[hit[0]])
+            return Choice(int(hit[0] + 1) * BLOCK, float(traces[hit[0]]), largest)
         if rank >= max_rank:
             break
         # The traces fall about geometrically in the rank: extrapolate the
@@ -131,7 +141,7 @@ def choose_rank(kernel, points, smoothing, max_rank: int, key) -> tuple[int, flo
         if rank + BLOCK * np.log(TARGET / traces[-1]) / np.log(rate) > 2 * max_rank:
             break
         rank = min(2 * rank, max_rank)
-    return 0, float(traces[-1])
+    return Choice(0, float(traces[-1]), largest)
 
 
 def max_rank(n: int, itemsize: int, budget: int | None = None) -> int:

@@ -121,7 +121,7 @@ def test_nystrom_matches_scipy(kernel, dim, epsilon, smoothing, rng):
                                 method="krylov")
     ref = ScipyRBF(y, d, smoothing=smoothing, kernel=kernel, epsilon=epsilon)(x)
     print(kernel, dim, "rank", ours.rank, "iterations", int(ours.iterations))
-    assert ours.preconditioner == "nystrom" and 0 < ours.rank <= n // 2
+    assert ours.preconditioner == "nystrom" and 0 < ours.rank <= n // 4
     assert float(ours.residual) <= 1e-8
     assert rel(ours(x), ref) < 1e-7
 
@@ -157,14 +157,14 @@ def test_nystrom_iterations_nearly_independent_of_n(rng, monkeypatch):
     smoothing (direct sums: this measures the preconditioner)."""
     monkeypatch.setattr(system, "DIRECT_PAIRS", 2 ** 40)
     counts, ranks = {}, {}
-    for n in (800, 8000):
+    for n in (1000, 10000):
         y = sites("uniform", n, rng, 2)
         it = jfmm.RBFInterpolator(y, values(y, rng), kernel="gaussian", epsilon=6.0,
-                                  smoothing=1e-6, method="krylov")
+                                  smoothing=1e-6, method="krylov", preconditioner="nystrom")
         assert it.preconditioner == "nystrom"
         counts[n], ranks[n] = int(it.iterations), it.rank
     print("iterations", counts, "ranks", ranks)
-    assert counts[8000] <= 1.5 * counts[800] and ranks[8000] > ranks[800]
+    assert counts[10000] <= 1.5 * counts[1000] and ranks[10000] > ranks[1000]
 
 
 def test_krylov_clustered_sites(rng, small_levels):
