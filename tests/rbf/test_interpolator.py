@@ -264,6 +264,16 @@ def test_float32(rng):
     ref = ScipyRBF(y.astype(np.float64), d, kernel="gaussian", epsilon=5.0,
                    smoothing=1e-4)(x.astype(np.float64))
     assert rel(out, ref) < 1e-3
+    # The Nystrom-preconditioned Krylov solve in float32 (tol 1e-4, FMM eps
+    # 2e-5; condition number ~1e5, so about 1e-3 from the float64 solution).
+    y = sites("cluster", 1500, rng, 3).astype(np.float32)
+    d = values(y, rng).astype(np.float32)
+    ours = jfmm.RBFInterpolator(y, d, kernel="gaussian", epsilon=3.0, smoothing=1e-3,
+                                method="krylov")
+    assert ours.preconditioner == "nystrom" and ours(x).dtype == jnp.float32
+    ref = ScipyRBF(y.astype(np.float64), d, kernel="gaussian", epsilon=3.0,
+                   smoothing=1e-3)(x.astype(np.float64))
+    assert rel(ours(x), ref) < 5e-3
 
 
 def test_unconverged_solve_is_loud(rng, small_levels):
