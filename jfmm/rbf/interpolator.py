@@ -50,6 +50,11 @@ KERNELS = {
 }
 # The strictly positive definite ones (a Nystrom preconditioner needs A >= 0).
 POSITIVE_DEFINITE = ("inverse_multiquadric", "inverse_quadratic", "gaussian")
+# Smoothing (against K(0) = 1) from which 'auto' prefers Schwarz to a Nystrom
+# factor that only loosely bounds the condition number: measured on uniform
+# 3D points (docs/BENCHMARKS.md), Schwarz converged at 1e-2 for every kernel
+# tried, 1.6-3x faster than such a factor, and failed at 1e-4 past 10^4 points.
+SCHWARZ_SMOOTHING = 1e-3
 
 
 def kernel_for(name: str, epsilon):
@@ -111,7 +116,9 @@ class RBFInterpolator:
     budget of a quarter of the device's memory for three N x rank arrays,
     at most N / 2); or 'auto' (default): Nystrom for the
     positive definite kernels with concrete smoothing > 0 everywhere where
-    the search finds a rank of at most N / 4, else Schwarz. The solve stops
+    the search finds a rank of at most N / 4 (one bounding the condition
+    number by 10^6 only where the smoothing is below 1e-3 somewhere: above,
+    Schwarz converges faster), else Schwarz. The solve stops
     at relative residual of the moment-projected system <= tol (default
     1e-8 in float64, 1e-4 in float32) or after maxiter steps (default 300)
     and raises RuntimeError where tol is not reached (under a trace the
@@ -480,7 +487,9 @@ def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):
     if choice == "auto":
         limit = min(limit, n // 4 // nystrom.BLOCK * nystrom.BLOCK)
     found = nystrom.choose_rank(kernel, points, smoothing, limit, jax.random.PRNGKey(0))
-    if found.rank:
+    loose = found.trace > nystrom.TARGET
+    if found.rank and not (choice == "auto" and loose
+                           and float(jnp.min(smoothing)) >= SCHWARZ_SMOOTHING):
         return "nystrom", found.rank, found.largest
     if choice == "auto":
         return "schwarz", 0, None

@@ -30,8 +30,8 @@ import numpy as np
 # Stop growing the rank where tr(S^-1/2 E S^-1/2) is below this: about 40
 # FGMRES steps to a relative residual of 1e-8 (dense trials, 4,000-8,000 points).
 TARGET = 1e4
-# Where no rank within the limit reaches TARGET, the limit itself serves if
-# its trace is below this: the trace bounds the condition number loosely
+# Where no rank within the limit reaches TARGET, the limit itself may serve
+# if its trace is below this: the trace bounds the condition number loosely
 # (inverse multiquadric, 10^5 points: 8 steps at a trace above TARGET).
 LOOSE = 1e6
 BLOCK = 128             # pivots drawn at once
