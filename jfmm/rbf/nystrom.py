@@ -7,8 +7,8 @@ from randomly pivoted Cholesky (Chen, Epperly, Tropp and Webber, CPAM 2024:
 pivots drawn in proportion to the residual diagonal, here in blocks) gives
 the preconditioner P = F F^T + S, inverted exactly by the Woodbury
 identity (the Nystrom PCG of Frangella, Tropp and Udell, SIMAX 2023, with a
-diagonal shift). With E = A - F F^T the preconditioned matrix is
-I + S^-1/2 E S^-1/2 in the basis of P, so its condition number is at most
+diagonal shift). With E = A - F F^T >= 0, P^-1/2 (A + S) P^-1/2 =
+I + P^-1/2 E P^-1/2 and P >= S, so its condition number is at most
 1 + tr(S^-1/2 E S^-1/2): the rank is grown until that trace, which the
 factorisation tracks for free, falls below `TARGET`.
 
