@@ -493,7 +493,9 @@ def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):
         if not 0 < rank <= n:
             raise ValueError(f"rank must be between 1 and the number of points {n} "
                              f"(rounded up to a multiple of {nystrom.BLOCK})")
-        return "nystrom", rank, None
+        largest = (nystrom.largest_eigenvalue(kernel, points, jax.random.PRNGKey(0))
+                   if concrete else None)
+        return "nystrom", rank, largest
     limit = nystrom.max_rank(n, itemsize)
     if choice == "auto":
         limit = min(limit, n // 4 // nystrom.BLOCK * nystrom.BLOCK)

@@ -134,8 +134,7 @@ def choose_rank(kernel, points, smoothing, max_rank: int, key) -> Choice:
     while True:
         F, traces = factor(kernel, points, weights, rank, key)
         traces = np.asarray(traces)
-        first = F[:, :BLOCK]
-        largest = float(jnp.linalg.eigvalsh(first.T @ first)[-1])
+        largest = _largest(F[:, :BLOCK])
         hit = np.nonzero(traces <= TARGET)[0]
         if hit.size:
             return Choice(int(hit[0] + 1) * BLOCK, float(traces[hit[0]]), largest)
@@ -151,6 +150,18 @@ def choose_rank(kernel, points, smoothing, max_rank: int, key) -> Choice:
             break
         rank = min(2 * rank, max_rank)
     return Choice(0, float(traces[-1]), largest)
+
+
+def _largest(first) -> float:
+    """The largest eigenvalue of F F^T for the first block's columns (n, BLOCK)."""
+    return float(jnp.linalg.eigvalsh(first.T @ first)[-1])
+
+
+def largest_eigenvalue(kernel, points, key) -> float:
+    """The kernel matrix's largest eigenvalue, from one block of pivots (a
+    close lower bound; host, concrete inputs)."""
+    weights = jnp.ones((points.shape[0],), points.dtype)
+    return _largest(factor(kernel, points, weights, BLOCK, key)[0])
 
 
 def max_rank(n: int, itemsize: int, budget: int | None = None) -> int:
