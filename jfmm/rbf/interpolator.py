@@ -122,7 +122,7 @@ class RBFInterpolator:
     smoothing > 0 only; `rank` rounded up to a multiple of 128, or searched
     for: the least bounding the preconditioned condition number by 10^4,
     else the largest allowed where it bounds it by 10^6; allowed: a memory
-    budget of a quarter of the device's memory for three N x rank arrays,
+    budget of half the device's memory for three N x rank arrays,
     at most N / 2); or 'auto' (default): Nystrom for the
     positive definite kernels with concrete smoothing > 0 everywhere where
     the search finds a rank of at most N / 4 (one bounding the condition

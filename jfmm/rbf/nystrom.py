@@ -166,13 +166,13 @@ def largest_eigenvalue(kernel, points, key) -> float:
 
 def max_rank(n: int, itemsize: int, budget: int | None = None) -> int:
     """The largest rank (a multiple of BLOCK, at most n / 2) whose three
-    n x rank arrays fit in `budget` bytes: by default a quarter of the
-    device's memory where jax reports it, else 4 GiB."""
+    n x rank arrays fit in `budget` bytes: by default half the device's
+    memory where jax reports it, else 4 GiB."""
     if budget is None:
         budget = 4 << 30
         try:
             limit = jax.devices()[0].memory_stats().get("bytes_limit")
-            budget = limit // 4 if limit else budget
+            budget = limit // 2 if limit else budget
         except Exception:       # backends without memory_stats
             pass
     rank = min(budget // (3 * n * itemsize), n // 2)
