@@ -168,10 +168,11 @@ class RBFInterpolator:
     smoothing > 0 above 4,096 points: local ones (a width of about the
     point spacing or less) converge under Schwarz, flat ones (a width of
     many spacings) under Nystrom, whose rank grows with the number of the
-    kernel matrix's eigenvalues above the smoothing. Between the two (for
-    example the inverse multiquadric of epsilon 5 on the unit cube with
-    smoothing 1e-6) the rank needed approaches N: past the memory budget
-    the constructor raises; up to 4,096 points the dense solve serves
+    kernel matrix's eigenvalues above the smoothing (the inverse
+    multiquadric of epsilon 5, smoothing 1e-6, 10^5 uniform points in the
+    unit cube: rank 13,184, 9 iterations). Between the two (for example
+    the Gaussian of epsilon 12 with smoothing 1e-4) the rank needed
+    approaches N: past the memory budget the constructor raises; up to 4,096 points the dense solve serves
     every case. Flat kernels with tiny smoothing are ill-conditioned in
     themselves (condition number ~ the largest eigenvalue / smoothing):
     the coefficients, and scipy's, are determined only to about that
