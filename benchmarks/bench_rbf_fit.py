@@ -25,7 +25,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import jfmm  # noqa: E402
-from jfmm.rbf import nystrom, system  # noqa: E402
+from jfmm.rbf import system  # noqa: E402
+from jfmm.rbf.interpolator import _preconditioner as choose_preconditioner  # noqa: E402
 from jfmm.rbf.interpolator import kernel_for  # noqa: E402
 
 EPSILON = {"gaussian": 5.0, "inverse_multiquadric": 5.0, "multiquadric": 5.0,
@@ -111,11 +112,10 @@ def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False,
         jax.block_until_ready(levels)
         setup = time.perf_counter() - t
     search = 0.0
-    if interp.preconditioner == "nystrom":     # the rank search, compiled
-        k = kernel_for(kernel, eps)          # as the constructor's (a Python float)
-        limit = min(nystrom.max_rank(n, interp.y.dtype.itemsize), n // 4)
+    if interp.preconditioner == "nystrom":     # the constructor's choice, compiled
         t = time.perf_counter()
-        nystrom.choose_rank(k, interp.y, interp.smoothing, limit, jax.random.PRNGKey(0))
+        choose_preconditioner(preconditioner, None, kernel, interp.y, interp.smoothing,
+                              kernel_for(kernel, eps))     # a Python float, as the constructor's
         search = time.perf_counter() - t
     t = time.perf_counter()
     pred = jax.block_until_ready(interp(x))
