@@ -12,9 +12,9 @@ I + P^-1/2 E P^-1/2 and P >= S, so its condition number is at most
 1 + tr(S^-1/2 E S^-1/2): the rank is grown until that trace, which the
 factorisation tracks for free, falls below `TARGET`.
 
-The cost is the factor: n x rank numbers (three such arrays while it is
-built) and about n rank^2 flops; the rank grows with the number of the
-kernel matrix's eigenvalues above the smoothing, slowly with n. Kernels
+The cost is the factor: n x rank numbers (one such array, rotated in place
+into the preconditioner) and about n rank^2 flops; the rank grows with the
+number of the kernel matrix's eigenvalues above the smoothing, slowly with n. Kernels
 that are local against the point spacing need a rank near n and are left to
 the Schwarz preconditioner (`jfmm.rbf.schwarz`).
 """
@@ -36,21 +36,22 @@ TARGET = 1e4
 LOOSE = 1e6
 BLOCK = 128             # pivots drawn at once
 FIRST = 256             # the first rank tried; each try doubles it
+ROW_BLOCKS = 16         # row blocks of the factor's Gram matrix and rotation
 
 
 class Nystrom(NamedTuple):
-    """P^-1 for P = F F^T + diag(s), F (n, r), by Woodbury: with G = S^-1/2 F
-    and G^T G = W diag(lam) W^T,
-    P^-1 = S^-1/2 (I - B diag(1 / (1 + lam)) B^T) S^-1/2, B = G W.
-    B (n, r), coef (r,) = 1 / (1 + lam), scale (n,) = s^-1/2."""
-    B: jax.Array
+    """P^-1 for P = F F^T + diag(s), F (n, r), by Woodbury: with
+    F^T S^-1 F = W diag(lam) W^T and H = F W,
+    P^-1 = S^-1 - S^-1 H diag(1 / (1 + lam)) H^T S^-1.
+    H (n, r), coef (r,) = 1 / (1 + lam), inv (n,) = 1 / s."""
+    H: jax.Array
     coef: jax.Array
-    scale: jax.Array
+    inv: jax.Array
 
     def __call__(self, r):
         """P^-1 r, r (n,)."""
-        v = self.scale * r
-        return self.scale * (v - self.B @ (self.coef * (self.B.T @ v)))
+        u = self.inv * r
+        return u - self.inv * (self.H @ (self.coef * (self.H.T @ u)))
 
 
 def _columns(kernel, points, pivots):
@@ -101,14 +102,32 @@ def factor(kernel, points, weights, rank: int, key):
 def build(F, smoothing) -> Nystrom:
     """The preconditioner of F (n, r) and smoothing (n,) > 0 (not
     differentiated). The Gram matrix's eigendecomposition (r x r) in place
-    of an SVD of G: 5-8x faster on an H100 at r = 2048-4480, and where
-    rounding blurs its small eigenvalues (below eps lam_max) the factor
-    1 / (1 + lam) is 1 to that accuracy in float64."""
+    of an SVD of S^-1/2 F: 5-8x faster on an H100 at r = 2048-4480, and
+    where rounding blurs its small eigenvalues (below eps lam_max) the
+    factor 1 / (1 + lam) is 1 to that accuracy in float64. Gram matrix and
+    H = F W go through row blocks, H written over F's buffer, so that the
+    factor is the one n x r array held (where the caller lets F go)."""
     F, smoothing = jax.lax.stop_gradient((F, smoothing))
-    scale = jax.lax.rsqrt(smoothing)
-    G = F * scale[:, None]
-    lam, W = jnp.linalg.eigh(G.T @ G)
-    return Nystrom(G @ W, 1 / (1 + jnp.maximum(lam, 0.0)), scale)
+    inv = 1 / smoothing
+    n, r = F.shape
+    rows = max(n // ROW_BLOCKS, 1)
+    full = n // rows * rows                 # the rows beyond go in one static block
+
+    def gram(i, acc):
+        f = jax.lax.dynamic_slice_in_dim(F, i * rows, rows)
+        return acc + f.T @ (f * jax.lax.dynamic_slice_in_dim(inv, i * rows, rows)[:, None])
+
+    acc = jax.lax.fori_loop(0, n // rows, gram, jnp.zeros((r, r), F.dtype))
+    acc = acc + F[full:].T @ (F[full:] * inv[full:, None])
+    lam, W = jnp.linalg.eigh(acc)
+
+    def rotate(i, H):
+        f = jax.lax.dynamic_slice_in_dim(H, i * rows, rows)
+        return jax.lax.dynamic_update_slice_in_dim(H, f @ W, i * rows, 0)
+
+    H = jax.lax.fori_loop(0, n // rows, rotate, F)
+    H = H.at[full:].set(H[full:] @ W)
+    return Nystrom(H, 1 / (1 + jnp.maximum(lam, 0.0)), inv)
 
 
 class Choice(NamedTuple):
@@ -132,6 +151,7 @@ def choose_rank(kernel, points, smoothing, max_rank: int, key) -> Choice:
     if rank < BLOCK:
         return Choice(0, float("inf"), float("nan"))
     while True:
+        F = None                            # the last try's factor goes first
         F, traces = factor(kernel, points, weights, rank, key)
         traces = np.asarray(traces)
         largest = _largest(F[:, :BLOCK])
@@ -165,15 +185,16 @@ def largest_eigenvalue(kernel, points, key) -> float:
 
 
 def max_rank(n: int, itemsize: int, budget: int | None = None) -> int:
-    """The largest rank (a multiple of BLOCK, at most n / 2) whose three
-    n x rank arrays fit in `budget` bytes: by default half the device's
-    memory where jax reports it, else 4 GiB."""
+    """The largest rank (a multiple of BLOCK, at most n / 2) whose n x rank
+    factor fits in `budget` bytes: by default 40% of the device's memory
+    where jax reports it (a refit holds the old factor beside the new one),
+    else 1.5 GiB."""
     if budget is None:
-        budget = 4 << 30
+        budget = 3 << 29
         try:
             limit = jax.devices()[0].memory_stats().get("bytes_limit")
-            budget = limit // 2 if limit else budget
+            budget = limit * 2 // 5 if limit else budget
         except Exception:       # backends without memory_stats
             pass
-    rank = min(budget // (3 * n * itemsize), n // 2)
+    rank = min(budget // (n * itemsize), n // 2)
     return int(rank // BLOCK * BLOCK)
