@@ -13,6 +13,7 @@ from conftest import charges, points, radial_reference, rel
 import jfmm
 from jfmm import passes
 from jfmm import kernels as K
+from jfmm.models import Unreachable
 from jfmm.models import chebyshev as chebyshev_model
 
 CASES = [K.Gaussian(0.7), K.Gaussian(3.0), K.Multiquadric(1.0), K.InverseMultiquadric(4.0),
@@ -171,9 +172,17 @@ def test_unreachable_eps_and_wrong_dimension_raise(rng):
     x3, x2, q = points("cube", 100, rng, 3), points("cube", 100, rng, 2), charges(100, rng)
     with pytest.raises(ValueError, match="reaches"):
         jfmm.fmm(x3, q, kernel=K.Gaussian(1.0), eps=1e-14)
-    with pytest.raises(ValueError, match="reaches"):   # no order reaches it here
-        jfmm.fmm(points("cube", 3000, rng, 3), charges(3000, rng), kernel=K.Gaussian(12.0),
-                 eps=1e-11, leaf_size=16, family="chebyshev")
+    # No order reaches it here; the error names the least eps one does
+    # (the interpolator's fallback).
+    y, c = points("cube", 3000, rng, 3), charges(3000, rng)
+    opts = dict(kernel=K.Gaussian(12.0), leaf_size=16, family="chebyshev")
+    with pytest.raises(Unreachable, match="reaches") as info:
+        jfmm.fmm(y, c, eps=1e-11, **opts)
+    reach = info.value.reachable
+    assert 1e-11 < reach < 1e-6, reach
+    jfmm.plan(y, eps=1.01 * reach, **opts)
+    with pytest.raises(Unreachable):
+        jfmm.plan(y, eps=0.9 * reach, **opts)
     with pytest.raises(ValueError, match=r"shape \(n, 2\)"):
         jfmm.fmm(x3, q, kernel=K.Laplace2D())
     with pytest.raises(ValueError, match=r"shape \(n, 3\)"):

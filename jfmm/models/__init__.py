@@ -72,6 +72,16 @@ def depth_for(points: Points, leaf_size: int) -> int:
     return choose_depth(max(points.n_src, points.n_tgt), points.dim, leaf)
 
 
+class Unreachable(ValueError):
+    """An eps below what a family reaches; `reachable`: the smallest eps
+    that family's estimate reaches on the same points (None: the dtype's
+    rounding bounds it, not the points)."""
+
+    def __init__(self, message: str, reachable: float | None = None):
+        super().__init__(message)
+        self.reachable = reachable
+
+
 def check_floor(eps: float, dtype, eps_floor: dict, family: str):
     """ValueError for an eps below the dtype's floor ({dtype name: smallest
     eps reached}); family names the family in the message."""

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm.models import Choice, Points, check_floor, checked_order, choose_order, depth_for
+from jfmm.models import (Choice, Points, Unreachable, check_floor, checked_order, choose_order,
+                         depth_for)
 from jfmm.tree import lists
 
 
@@ -396,7 +397,7 @@ class Rule:
                 moments = [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
                                         sides[0], self.dim, count)]
             estimates, cache = {}, {}
-            best = None
+            best = reach = None
             for n in self.ESTIMATED_ORDERS:
                 depth = depth_of(n) if shares is None else None
                 if depth not in estimates:
@@ -409,9 +410,11 @@ class Rule:
                 if root_side is None and n == cap:
                     return cap
                 best = err[0] if best is None else min(best, err[0])
-        raise ValueError(f"eps={eps:g} is below what the {self.dim}D Chebyshev family reaches "
-                         f"for {kernel} on these points (estimated error {best:.1e} at "
-                         f"n = {self.ESTIMATED_ORDERS[-1]}); use a larger eps")
+                need = max(ratios[0] * err[0], ratios[1] * err[1]) + eps - budget
+                reach = need if reach is None else min(reach, need)
+        raise Unreachable(f"eps={eps:g} is below what the {self.dim}D Chebyshev family "
+                          f"reaches for {kernel} on these points (estimated error {best:.1e} "
+                          f"at n = {self.ESTIMATED_ORDERS[-1]}); use a larger eps", reach)
 
     def leaf_size(self, n: int) -> int:
         """Mean points per leaf s that balances, per leaf, the near field's

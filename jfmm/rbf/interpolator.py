@@ -12,6 +12,7 @@ import numpy as np
 
 from jfmm import api, kernels
 from jfmm._compat import Tracer
+from jfmm.models import Unreachable
 from jfmm.models.chebyshev import ROUNDING_FLOOR
 from jfmm.rbf import nystrom, polynomial, system
 
@@ -136,7 +137,8 @@ class RBFInterpolator:
     coefficients become NaN instead). `fmm_eps`: the FMM's relative error
     (default tol / 10, at least 2e-5 in float32; with Nystrom also at most
     10 smoothing / the kernel matrix's largest eigenvalue, since the FMM's
-    error is not preconditioned). `iterations` and `residual` report the solve
+    error is not preconditioned, or 1.5 times the least eps the FMM reaches
+    on the points where that is more). `iterations` and `residual` report the solve
     (0 and the dense solve's residual for 'dense').
 
     Calling interp(x) with x (M, dim) evaluates s at M points by one FMM
@@ -257,7 +259,8 @@ class RBFInterpolator:
         condition = largest / float(jnp.min(smoothing)) if largest else None
         tol = _default_tol(dtype, condition) if tol is None else float(tol)
         floor = ROUNDING_FLOOR[jnp.dtype(dtype).name]          # the Chebyshev family's
-        if fmm_eps is None:
+        chosen = fmm_eps is None
+        if chosen:
             fmm_eps = max(tol / 10, floor)
             if largest:
                 # The FMM's error, A's relative perturbation, is not
@@ -273,8 +276,19 @@ class RBFInterpolator:
         if method == "krylov":
             settings = system.Settings(tol=tol, maxiter=int(maxiter),
                                        preconditioner=preconditioner, rank=rank, seed=0)
-            levels = system.hierarchy(y_np.astype(np.float64), points,
-                                      smoothing, k, exponents, fmm_eps, settings)
+            while True:
+                try:
+                    levels = system.hierarchy(y_np.astype(np.float64), points,
+                                              smoothing, k, exponents, fmm_eps, settings)
+                    break
+                except Unreachable as e:
+                    # The default below what the FMM reaches on these points
+                    # (flat kernels, little smoothing): its best, with a
+                    # margin for new evaluation points; the solve's
+                    # convergence check says whether that suffices.
+                    if not chosen or e.reachable is None or 1.5 * e.reachable <= fmm_eps:
+                        raise
+                    fmm_eps = 1.5 * e.reachable
             own = levels[0].own
             order = None if own.plan is None else own.plan.order
         elif n * n > system.DIRECT_PAIRS:
