@@ -4,7 +4,10 @@ The reference sums the inputs as the library received them: points and
 charges are rounded to the working dtype, then summed in float64 with numpy,
 so the error measured is the algorithm's, not the inputs' rounding.
 """
+import ctypes
+import ctypes.util
 import functools
+import gc
 import os
 import sys
 import tempfile
@@ -33,6 +36,11 @@ jax.config.update("jax_compilation_cache_dir",
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 
 DISTRIBUTIONS = ("cube", "sphere", "cluster")
+try:
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
+    _LIBC.malloc_trim
+except (OSError, AttributeError):    # not glibc
+    _LIBC = None
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +68,9 @@ def fresh_caches():
             for value in vars(module).values():
                 if isinstance(value, functools._lru_cache_wrapper):
                     value.cache_clear()
+    gc.collect()
+    if _LIBC is not None:           # hand the freed heap back: glibc keeps it
+        _LIBC.malloc_trim(0)
 
 
 def points(kind: str, n: int, rng, dim: int = 3) -> np.ndarray:
