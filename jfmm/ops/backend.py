@@ -28,11 +28,11 @@ from jfmm.ops.pallas import p2p as pallas_p2p
 
 MODES = ("auto", "jnp", "pallas", "interpret")
 # Expansion families with Pallas P2M / L2P kernels, and the largest order
-# they are used for (the kernels unroll all p^2 harmonics, so their compile
-# time grows with p; above it the jnp operators run). JFMM_PALLAS_MAX_ORDER
-# overrides it (benchmarks).
+# they are used for (above it the jnp operators run; the kernels unroll
+# their harmonics up to `pallas_laplace3d.UNROLLED_MAX` and loop above).
+# JFMM_PALLAS_MAX_ORDER overrides it (benchmarks).
 _PALLAS_FAMILIES = {laplace3d: pallas_laplace3d}
-PALLAS_MAX_ORDER = int(os.environ.get("JFMM_PALLAS_MAX_ORDER", 16))
+PALLAS_MAX_ORDER = int(os.environ.get("JFMM_PALLAS_MAX_ORDER", 24))
 # The same for the M2P and P2L kernels of adaptive trees (jfmm.ops.pallas.far):
 # their jnp twins store points x boxes x p^2 values, so the Pallas ones
 # serve higher orders (H100, float64 eps 1e-8, p = 22, Plummer 2^20: the

@@ -24,6 +24,45 @@ from jfmm.ops.pallas import compiler_params, fma
 
 TILE = 32       # points per program
 NUM_WARPS = 1   # one warp: the P2M reductions stay within it (shuffles only)
+# Up to this order the harmonics' recurrences are unrolled (fastest); above
+# it they run in loops over order m and degree n, whose compile time does
+# not grow with p (unrolled, p = 22 took 136-180 s to compile).
+UNROLLED_MAX = 16
+
+
+def _rolled_stream(u0, u1, u2, p: int, mad, use):
+    """`laplace3d.regular_stream` in loops: use(n, m, re, im, state) -> state
+    for each regular harmonic Y_n^m (m >= 0; im is 0 for m = 0), in the
+    same order, threading `state` through. n and m are traced int32."""
+    r2 = mad(u2, u2, mad(u1, u1, u0 * u0))
+    zero = jnp.zeros_like(u0)
+
+    def column(m, carry):
+        d_re, d_im, state = carry
+        s = 1.0 / (2 * jnp.maximum(m, 1)).astype(u0.dtype)   # Y_m^m from Y_{m-1}^{m-1}
+        up_re, up_im = s * mad(u1, d_re, u0 * d_im), s * mad(u1, d_im, -u0 * d_re)
+        d_re, d_im = jnp.where(m > 0, up_re, d_re), jnp.where(m > 0, up_im, d_im)
+
+        def row(n, st):                     # three-term recurrence in n > m
+            cur_re, cur_im, prev_re, prev_im, state = st
+            k = ((n + m) * (n - m)).astype(u0.dtype)
+            a = (2 * n - 1).astype(u0.dtype) / k
+            b = 1.0 / k
+            cur_re, prev_re = mad(a * u2, cur_re, (-b * r2) * prev_re), cur_re
+            cur_im, prev_im = mad(a * u2, cur_im, (-b * r2) * prev_im), cur_im
+            return cur_re, cur_im, prev_re, prev_im, use(n, m, cur_re, cur_im, state)
+
+        state = use(m, m, d_re, d_im, state)
+        state = jax.lax.fori_loop(m + 1, p, row, (d_re, d_im, zero, zero, state))[-1]
+        return d_re, d_im, state
+
+    return lambda state: jax.lax.fori_loop(0, p, column, (zero + 1, zero, state))[-1]
+
+
+def _flat(n, m, part):
+    """`laplace3d._index` of traced n, m: Re at n^2 + 2m - 1 (n^2 for
+    m = 0), Im after it (n^2 again for m = 0, which has none)."""
+    return n * n + (2 * m - 1 + part) * (m > 0).astype(n.dtype)    # no integer select in Triton
 
 
 def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int,
@@ -34,8 +73,19 @@ def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int,
     live = t0 + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0) < t1
     u = [u_ref[a, pl.ds(t0, tile)] for a in range(3)]
     q = [jnp.where(live, q_ref[k, pl.ds(t0, tile)], 0) for k in range(n_k)]
+    mad = functools.partial(fma, interpret=interpret)
+    if p > UNROLLED_MAX:
+        def use(n, m, re, im, state):
+            for k in range(n_k):
+                out_ref[i, k * p * p + _flat(n, m, 0)] = jnp.sum(q[k] * re)
+                # m = 0 has no Im slot (_flat gives Re's): Re again there
+                out_ref[i, k * p * p + _flat(n, m, 1)] = jnp.where(
+                    m > 0, -jnp.sum(q[k] * im), jnp.sum(q[k] * re))
+            return state
+        _rolled_stream(*u, p, mad, use)(jnp.int32(0))
+        return
     sign = laplace3d._conj_sign(p)
-    for j, y in laplace3d.regular_stream(*u, p, functools.partial(fma, interpret=interpret)):
+    for j, y in laplace3d.regular_stream(*u, p, mad):
         for k in range(n_k):
             out_ref[i, k * p * p + j] = float(sign[j]) * jnp.sum(q[k] * y)
 
@@ -68,6 +118,18 @@ def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_out: int, tile: in
     u = [u_ref[a, pl.ds(t0, tile)] for a in range(3)]
     acc = [jnp.zeros((tile,), u[0].dtype) for _ in range(n_out)]
     mad = functools.partial(fma, interpret=interpret)
+    if p > UNROLLED_MAX:
+        def use(n, m, re, im, acc):
+            im = jnp.where(m > 0, im, 0)        # m = 0: _flat's Im slot is Re's
+            out = []
+            for o in range(n_out):
+                a = mad(c_ref[leaf, o * p * p + _flat(n, m, 0)], re, acc[o])
+                out.append(mad(c_ref[leaf, o * p * p + _flat(n, m, 1)], im, a))
+            return tuple(out)
+        acc = _rolled_stream(*u, p, mad, use)(tuple(acc))
+        for o in range(n_out):
+            out_ref[i, o, :] = acc[o]
+        return
     for j, y in laplace3d.regular_stream(*u, p, mad):
         for o in range(n_out):
             acc[o] = mad(c_ref[leaf, o * p * p + j], y, acc[o])

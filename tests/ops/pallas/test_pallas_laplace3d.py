@@ -6,6 +6,7 @@ import pytest
 from conftest import charges, points, rel
 
 from jfmm.ops import backend, laplace3d as L
+from jfmm.ops.pallas import laplace3d as pallas_laplace3d
 from jfmm.tree import build
 
 
@@ -19,12 +20,16 @@ def test_regular_stream_matches_regular(rng):
         assert rel(got, want) < 1e-14
 
 
-@pytest.mark.parametrize("kind,n_src,n_tgt,k,p,gradient,dtype", [
-    ("cluster", 301, 97, 1, 6, True, np.float64),    # crowded leaves, many empty
-    ("cube", 77, 203, 2, 5, True, np.float32),       # odd sizes, two charge vectors
-    ("sphere", 150, 150, 1, 4, False, np.float64),
+@pytest.mark.parametrize("kind,n_src,n_tgt,k,p,gradient,dtype,rolled", [
+    ("cluster", 301, 97, 1, 6, True, np.float64, False),   # crowded leaves, many empty
+    ("cube", 77, 203, 2, 5, True, np.float32, False),      # odd sizes, two charge vectors
+    ("sphere", 150, 150, 1, 4, False, np.float64, False),
+    ("cluster", 301, 97, 2, 6, True, np.float64, True),    # the loops of high orders
 ])
-def test_p2m_l2p_match_jnp(kind, n_src, n_tgt, k, p, gradient, dtype, rng):
+def test_p2m_l2p_match_jnp(kind, n_src, n_tgt, k, p, gradient, dtype, rolled, rng,
+                           monkeypatch):
+    if rolled:
+        monkeypatch.setattr(pallas_laplace3d, "UNROLLED_MAX", 2)
     x = points(kind, n_src, rng)
     y = points(kind, n_tgt, rng)
     t = build(jnp.asarray(x, dtype), jnp.asarray(y, dtype), 2)
@@ -49,10 +54,10 @@ def test_p2m_l2p_match_jnp(kind, n_src, n_tgt, k, p, gradient, dtype, rng):
         assert got[1] is None
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_p2m_l2p_lower_to_triton(dtype):
-    """The Pallas P2M and L2P lower for the cuda platform (checked on the CPU)."""
-    p = 6
+@pytest.mark.parametrize("dtype,p", [("float32", 6), ("float64", 6), ("float64", 18)])
+def test_p2m_l2p_lower_to_triton(dtype, p):
+    """The Pallas P2M and L2P lower for the cuda platform (checked on the
+    CPU), unrolled and (p = 18) in loops."""
     with jax.enable_x64(dtype == "float64"):
         t = build(jnp.zeros((64, 3), dtype) + jnp.linspace(0, 1, 64, dtype=dtype)[:, None],
                   None, 2)
