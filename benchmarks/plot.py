@@ -28,8 +28,7 @@ which are missing) and saved as a PNG in --docs:
   adaptive.png       3D Laplace at 2^20 on cube, sphere, Plummer and
                      clustered points, uniform against adaptive trees
                      (bench_adaptive: adaptive_float32.json,
-                     adaptive_leaf4.json, adaptive_float64.json,
-                     adaptive_float64_far_pallas.json)
+                     adaptive_leaf4.json, adaptive_float64.json)
 """
 import argparse
 import json
@@ -416,7 +415,7 @@ def orders(data, docs):
 
 def adaptive(data, docs):
     found = load_all(data, ["adaptive_float32.json", "adaptive_leaf4.json",
-                            "adaptive_float64.json", "adaptive_float64_far_pallas.json"])
+                            "adaptive_float64.json"])
     if "adaptive_float32.json" not in found:
         return False
     kinds = ("cube", "sphere", "plummer", "clusters")
@@ -426,9 +425,8 @@ def adaptive(data, docs):
             ("adaptive_leaf4.json", "adaptive", "adaptive, leaf 4x", "C0")]
     panels = [(axes[0], bars, "float32, eps 1e-5"),
               (axes[1], [("adaptive_float64.json", "uniform", "uniform tree", "0.6"),
-                         ("adaptive_float64.json", "adaptive", "adaptive, jnp W and X", "C1"),
-                         ("adaptive_float64_far_pallas.json", "adaptive",
-                          "adaptive, Pallas W and X", "C3")], "float64, eps 1e-8")]
+                         ("adaptive_float64.json", "adaptive", "adaptive tree", "C1")],
+               "float64, eps 1e-8")]
     for ax, series, title in panels:
         width = 0.8 / len(series)
         for i, (name, tree, label, color) in enumerate(series):
