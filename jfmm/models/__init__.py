@@ -73,9 +73,8 @@ def depth_for(points: Points, leaf_size: int) -> int:
 
 
 class Unreachable(ValueError):
-    """An eps below what a family reaches; `reachable`: the smallest eps
-    that family's estimate reaches on the same points (None: the dtype's
-    rounding bounds it, not the points)."""
+    """An eps below what a family reaches on the points; `reachable`: the
+    smallest eps its estimate reaches there (None where unknown)."""
 
     def __init__(self, message: str, reachable: float | None = None):
         super().__init__(message)

@@ -125,8 +125,8 @@ class RBFInterpolator:
     for: the least bounding the preconditioned condition number by 10^4,
     else the largest allowed where it bounds it by 10^6; allowed: an
     N x rank factor in 40% of the device's memory, at most N / 2); or
-    'auto' (default): Nystrom for the
-    positive definite kernels with concrete smoothing > 0 everywhere where
+    'auto' (default): Nystrom for the positive definite kernels with
+    concrete smoothing > 0 everywhere where
     the search finds a rank of at most N / 4 (one bounding the condition
     number by 10^6 only where the smoothing is below 1e-3 somewhere: above,
     Schwarz converges faster), else Schwarz. The solve stops
@@ -138,8 +138,8 @@ class RBFInterpolator:
     (default tol / 10, at least 2e-5 in float32; with Nystrom also at most
     10 smoothing / the kernel matrix's largest eigenvalue, since the FMM's
     error is not preconditioned, or 1.5 times the least eps the FMM reaches
-    on the points where that is more). `iterations` and `residual` report the solve
-    (0 and the dense solve's residual for 'dense').
+    on the points where that is more). `iterations` and `residual` report
+    the solve (0 and the dense solve's residual for 'dense').
 
     Calling interp(x) with x (M, dim) evaluates s at M points by one FMM
     sum (the direct sum below 2^24 pairs) plus the polynomial; it returns

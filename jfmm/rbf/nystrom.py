@@ -14,9 +14,9 @@ factorisation tracks for free, falls below `TARGET`.
 
 The cost is the factor: n x rank numbers (one such array, rotated in place
 into the preconditioner) and about n rank^2 flops; the rank grows with the
-number of the kernel matrix's eigenvalues above the smoothing, slowly with n. Kernels
-that are local against the point spacing need a rank near n and are left to
-the Schwarz preconditioner (`jfmm.rbf.schwarz`).
+number of the kernel matrix's eigenvalues above the smoothing, slowly with
+n. Kernels that are local against the point spacing need a rank near n and
+are left to the Schwarz preconditioner (`jfmm.rbf.schwarz`).
 """
 from __future__ import annotations
 

@@ -119,8 +119,7 @@ def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_out: int, tile: in
     acc = [jnp.zeros((tile,), u[0].dtype) for _ in range(n_out)]
     mad = functools.partial(fma, interpret=interpret)
     if p > UNROLLED_MAX:
-        def use(n, m, re, im, acc):
-            im = jnp.where(m > 0, im, 0)        # m = 0: _flat's Im slot is Re's
+        def use(n, m, re, im, acc):          # m = 0: im is 0 against Re's slot
             out = []
             for o in range(n_out):
                 a = mad(c_ref[leaf, o * p * p + _flat(n, m, 0)], re, acc[o])
