@@ -175,8 +175,8 @@ class RBFInterpolator:
     multiquadric of epsilon 5, smoothing 1e-6, 10^5 uniform points in the
     unit cube: rank 13,184, 9 iterations). Between the two (for example
     the Gaussian of epsilon 12 with smoothing 1e-4) the rank needed
-    approaches N: past the memory budget the constructor raises; up to 4,096 points the dense solve serves
-    every case. Flat kernels with tiny smoothing are ill-conditioned in
+    approaches N: past the memory budget the constructor raises; up to
+    4,096 points the dense solve serves every case. Flat kernels with tiny smoothing are ill-conditioned in
     themselves (condition number ~ the largest eigenvalue / smoothing):
     the coefficients, and scipy's, are determined only to about that
     times float64's rounding.

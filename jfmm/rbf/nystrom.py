@@ -150,11 +150,13 @@ def choose_rank(kernel, points, smoothing, max_rank: int, key) -> Choice:
     rank = min(FIRST, max_rank)
     if rank < BLOCK:
         return Choice(0, float("inf"), float("nan"))
+    largest = None
     while True:
         F = None                            # the last try's factor goes first
         F, traces = factor(kernel, points, weights, rank, key)
         traces = np.asarray(traces)
-        largest = _largest(F[:, :BLOCK])
+        if largest is None:                 # every try shares the first block
+            largest = _largest(F[:, :BLOCK])
         hit = np.nonzero(traces <= TARGET)[0]
         if hit.size:
             return Choice(int(hit[0] + 1) * BLOCK, float(traces[hit[0]]), largest)
