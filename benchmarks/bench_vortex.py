@@ -45,6 +45,10 @@ def biot_savart(x, a, y, smoothing, core, chunk=2 ** 16):
             f = jnp.where(r2 > 0, r2 ** -1.5, 0.0)
         elif smoothing == "rosenhead_moore":
             f = (r2 + core * core) ** -1.5
+        elif smoothing == "polynomial":         # (r/core)^2 / r^3 inside the core
+            f = jnp.where(r2 >= core * core, jnp.where(r2 > 0, r2, 1.0) ** -1.5,
+                          jnp.where(r2 > 0, jax.lax.rsqrt(jnp.where(r2 > 0, r2, 1.0)), 0.0)
+                          / (core * core))
         else:
             raise ValueError(f"no reference for smoothing {smoothing!r}")
         return u - jnp.einsum("mn,mni->mi", f, jnp.cross(d, as_[None])) / (4 * jnp.pi), None
@@ -130,6 +134,8 @@ def main():
     ap.add_argument("--step-eps", type=floats, default=[1e-6])
     ap.add_argument("--step-dtype", default="float64")
     ap.add_argument("--core", type=float, default=0.02, help="the step rows' core size")
+    ap.add_argument("--smoothing", type=lambda v: v.split(","), default=["rosenhead_moore"],
+                    help="the step rows' cores, comma-separated")
     ap.add_argument("--skip", default="", help="'velocity' or 'step'")
     args = ap.parse_args()
     jax.config.update("jax_enable_x64", True)
@@ -146,9 +152,10 @@ def main():
         for spec in args.steps.split(","):
             n, m = map(int, spec.split(":"))
             for eps in args.step_eps:
-                step_row(table, n, m, args.step_dtype, eps, "rosenhead_moore", args.core,
-                         args.repeats, rng)
-                save()
+                for smoothing in args.smoothing:
+                    step_row(table, n, m, args.step_dtype, eps, smoothing, args.core,
+                             args.repeats, rng)
+                    save()
 
 
 if __name__ == "__main__":

@@ -223,7 +223,10 @@ class Plan:
     overflow: whether the tree's points need more room than it was sized
     for: never for a uniform tree; an adaptive one sets it when
     `update` moves the points beyond its capacities. A plan that overflowed
-    returns NaN under jit and raises from an eager `apply`.
+    returns NaN under jit and raises from an eager `apply`, as does a plan
+    of a kernel summed as 1/r beyond a core (`Kernel.laplace_beyond`)
+    whose points `update` packed so tightly that its leaves are smaller
+    than the core.
     """
     tree: _tree.Tree | _adaptive.AdaptiveTree
     kernel: _kernels.Kernel
@@ -247,6 +250,13 @@ class Plan:
             raise RuntimeError("the points moved beyond the capacities this plan's adaptive "
                                "tree was sized for (Plan.update): make a new plan from them "
                                "with jfmm.plan(...)")
+        if (self.config.reach and self.config.family is not None and self.tree.depth >= 2
+                and _configure.concrete(self.tree.side)
+                and float(self.tree.box_side(self.tree.depth)) < self.config.reach):
+            raise RuntimeError(f"the points (Plan.update) leave leaves smaller than "
+                               f"{self.config.reach:.3g}, within which the kernel is not 1/r "
+                               "(Kernel.laplace_beyond): make a new plan from them with "
+                               "jfmm.plan(...)")
         if self.config.mesh is not None:
             charges = _distributed.on_mesh(charges, self.config.mesh)
         q, layout = _inputs.charges_of(charges, self.tree.src_perm.shape[0],

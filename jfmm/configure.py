@@ -81,7 +81,10 @@ class Config:
     at most `leaf` points that are not coincident; depth is then the
     uniform tree's, which the orders were chosen for); mesh: None, or the
     one-axis `jax.sharding.Mesh` whose devices share the work
-    (`jfmm.distributed`)."""
+    (`jfmm.distributed`); reach: where a family's own kernel stands in
+    for the caller's beyond a distance (`Kernel.laplace_beyond`), that
+    distance: leaves must be at least as large (uniform trees only; traced
+    points that break it give NaN)."""
     family: object
     order: int
     depth: int
@@ -90,6 +93,7 @@ class Config:
     tree: str = "uniform"
     leaf: int = 0
     mesh: object = None
+    reach: float = 0.0
 
     @property
     def name(self) -> str:
@@ -135,8 +139,12 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
     tree = _check_tree(tree)
     pts = [sources] + ([] if targets is None else [targets])
     fits = (config.family is not None and config.family.SCHEME == "tree"
-            and config.depth >= 2)
+            and config.depth >= 2 and not config.reach)
     if tree == "uniform" or not fits:
+        if tree == "adaptive" and config.reach:
+            raise ValueError("tree='adaptive' is not available for kernels summed as 1/r "
+                             "beyond a core (Kernel.laplace_beyond): their leaves must "
+                             "not be smaller than the core; use tree='uniform'")
         if tree == "adaptive":
             raise ValueError(f"tree='adaptive' needs a far field of the series or Chebyshev "
                              f"families; this call sums with {config.name!r} "
@@ -215,9 +223,16 @@ def gauss_family(dim: int):
     return hermite.GaussTransform(dim)
 
 
+def _cored(kernel, dim: int) -> bool:
+    """Whether a kernel other than Laplace3D is 1/r beyond a distance
+    (`Kernel.laplace_beyond`): the 3D series carry its far field."""
+    return (dim == 3 and not isinstance(kernel, _kernels.Laplace3D)
+            and kernel.laplace_beyond(0.5) is not None)
+
+
 def _tree_family(kernel, dim: int, choice: str):
     """The tree-pass family for `choice` ("auto" or "chebyshev") and its model."""
-    if choice == "auto" and isinstance(kernel, _kernels.Laplace3D):
+    if choice == "auto" and (isinstance(kernel, _kernels.Laplace3D) or _cored(kernel, dim)):
         return laplace3d, laplace3d_model
     if choice == "auto" and isinstance(kernel, _kernels.Laplace2D):
         return laplace2d, laplace2d_model
@@ -279,14 +294,35 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         return Config(None, choice.order, choice.depth, eps)
     if gauss is not None:
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
+    if family == "auto" and _cored(kernel, dim):
+        return _core_config(kernel, fam, choice, eps, gradient, sources, targets)
     return Config(fam, choice.order, choice.depth, eps, gradient)
+
+
+def _core_config(kernel, fam, choice, eps: float, gradient: bool, sources, targets) -> Config:
+    """The series configuration of a kernel that is 1/r beyond `reach`
+    (to 0.1 eps): leaves at least that large, so that the near field holds
+    every pair the series would get wrong. Points known at trace time
+    (concrete, or under eager autodiff) take fewer levels where their
+    leaves would be smaller (at depth < 2 all pairs are near); traced
+    points keep the depth and are checked when summed."""
+    reach = kernel.laplace_beyond(0.1 * eps)
+    depth = choice.depth
+    pts = [known_value(x) for x in (sources, targets) if x is not None]
+    if all(concrete(x) for x in pts):
+        with jax.ensure_compile_time_eval():
+            side = float(_tree.root_box(jnp.concatenate(pts))[1])
+        while depth >= 2 and side / 2 ** depth < reach:
+            depth -= 1
+    return Config(fam, choice.order, depth, eps, gradient, reach=reach)
 
 
 def _sampled(kernel, dim: int, order, family: str) -> bool:
     """Whether `resolve`'s models take a sample of the points' pairs."""
     gaussian = isinstance(kernel, _kernels.Gaussian)
     chebyshev = _tree_family(kernel, dim, family)[1] is chebyshev_model
-    return kernel.is_concrete() and (family == "hermite"
+    cored = family == "auto" and _cored(kernel, dim)
+    return kernel.is_concrete() and (family == "hermite" or cored
                                       or order is None and (gaussian or chebyshev))
 
 

@@ -146,7 +146,7 @@ def evaluate(tree: Tree, charges, kernel, config, ops, gradient: bool, mode: str
                          out_specs=(rows, rows) if gradient else (rows,),
                          check_vma=False)(*local, *shared)
     phi, grad = outs[0][:m], (outs[1][:m] if gradient else None)
-    return passes.caller_order(tree, phi, grad, gradient)
+    return passes.caller_order(tree, phi, grad, gradient, config)
 
 
 def _shard(src, q, src_leaf, tgt, tgt_leaf, src_start, tgt_start, lo, side, operators, *,

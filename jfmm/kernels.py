@@ -69,6 +69,15 @@ class Kernel:
         beyond it."""
         return None
 
+    def laplace_beyond(self, tol: float):
+        """A distance beyond which K(r) = 1/r and K'(r) = -1/r^2 to a
+        relative tol, or None (no such distance, or parameters not
+        concrete). Kernels that are 1/r outside a core define it (the
+        vortex cores of `jfmm.vortex`): in 3D the spherical-harmonic series
+        then carry their far field, with leaves no smaller than it, so that
+        every pair closer than it is in the near field (`jfmm.configure`)."""
+        return None
+
     def value_and_derivative(self, r):
         """K(r) and dK/dr for r >= 0 (r > 0 where the kernel is singular).
 

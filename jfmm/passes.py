@@ -89,7 +89,7 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
         fphi, fgrad = leaf_l2p(tree, loc, family, p, gradient, mode)
         phi = phi + fphi
         grad = grad + fgrad if gradient else None
-    return caller_order(tree, phi, grad, gradient)
+    return caller_order(tree, phi, grad, gradient, config)
 
 
 def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp"):
@@ -201,14 +201,18 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     return phi, grad
 
 
-def caller_order(tree, phi, grad, gradient: bool):
+def caller_order(tree, phi, grad, gradient: bool, config: Config | None = None):
     """Results in Morton order -> the caller's target order, NaN where the
-    tree holds non-finite coordinates or (adaptive) overflowed its
-    capacities."""
+    tree holds non-finite coordinates, (adaptive) overflowed its
+    capacities, or (a uniform tree with a far field, `config.reach`) has
+    leaves smaller than the distance within which the kernel is not the
+    family's."""
     inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(
         jnp.arange(tree.tgt_perm.shape[0], dtype=tree.tgt_perm.dtype))
     nan = jnp.asarray(jnp.nan, phi.dtype)
     ok = tree.finite & ~getattr(tree, "overflow", False)
+    if config is not None and config.reach and config.family is not None and tree.depth >= 2:
+        ok = ok & (tree.box_side(tree.depth) >= config.reach)
     phi = jnp.where(ok, phi[inv], nan)
     if gradient:
         grad = jnp.where(ok, grad[inv], nan)

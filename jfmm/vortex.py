@@ -19,8 +19,8 @@ Cores (`smoothing=`), with f and the stream kernel G (rho = r / s):
 | "singular" | 1/r^3 | 1/r | 3D Laplace series |
 | "rosenhead_moore" | (r^2 + s^2)^(-3/2) | (r^2 + s^2)^(-1/2) | Chebyshev |
 | "winckelmans" | (r^2 + 5/2 s^2) (r^2 + s^2)^(-5/2) | (r^2 + 3/2 s^2) (r^2 + s^2)^(-3/2) | Chebyshev |
-| "gaussian" | (1 - exp(-rho^3)) / r^3 | (1 - exp(-rho^3)) / r + Gamma(2/3, rho^3) / s | Chebyshev |
-| "polynomial" | rho^2 / r^3 (r <= s), 1/r^3 beyond | (2 - rho) / s (r <= s), 1/r beyond | Chebyshev |
+| "gaussian" | (1 - exp(-rho^3)) / r^3 | (1 - exp(-rho^3)) / r + Gamma(2/3, rho^3) / s | 3D Laplace series, core near field |
+| "polynomial" | rho^2 / r^3 (r <= s), 1/r^3 beyond | (2 - rho) / s (r <= s), 1/r beyond | 3D Laplace series, core near field |
 
 ("polynomial" is the compact smoothing of Hu, Gumerov and Duraiswami with
 c = 1; Gamma(a, x) is the upper incomplete gamma function.) Each G goes
@@ -29,7 +29,13 @@ family's error model (`jfmm.configure.resolve`): eps bounds the relative L2
 error of grad psi, of which u is a signed sum of components, within the
 limits `jfmm.fmm` states (float32 Chebyshev gradients carry rounding
 errors of 2e-5 to 3e-4; traced points, as in `step`, get orders from a rule
-for any points). Pairs at distance 0 are left out: the singular law's self
+for any points). The last two cores are 1/r beyond a distance R (s, and
+s (ln(10/eps))^(1/3) for the Gaussian core, where exp(-rho^3) < eps/10;
+`Kernel.laplace_beyond`): the spherical-harmonic series carry their far
+field and the near field sums G itself, on leaves no smaller than R. Points
+known when the sum is set up take fewer levels where needed; traced points
+(`step` under jit) packed tighter than the tree's depth allows give NaN.
+Pairs at distance 0 are left out: the singular law's self
 term, and a smoothed core's own term, which is 0 for u and, in the velocity
 gradient, the antisymmetric -f(0)/(4 pi) [alpha]x, which does not stretch.
 
@@ -112,6 +118,13 @@ class GaussianCore(Kernel):
         upper = jnp.where(pos, gammaincc(2.0 / 3.0, jnp.where(pos, x, 1.0)), 1.0)
         return (rho * rho * _one_minus_exp_over(x) + _GAMMA_2_3 * upper) / self.core
 
+    def laplace_beyond(self, tol: float):
+        # |G - 1/r| r and |f - 1/r^3| r^3 are at most exp(-rho^3)
+        # (Gamma(2/3, x) <= x^(-1/3) exp(-x))
+        if isinstance(self.core, Tracer):
+            return None
+        return float(self.core) * math.log(1 / tol) ** (1 / 3)
+
     def from_r2(self, r2, gradient: bool):
         k = self.radial(jnp.sqrt(r2))
         if not gradient:
@@ -129,6 +142,9 @@ class PolynomialCore(Kernel):
 
     def radial(self, r):
         return self.from_r2(r * r, False)[0]
+
+    def laplace_beyond(self, tol: float):
+        return None if isinstance(self.core, Tracer) else float(self.core)
 
     def from_r2(self, r2, gradient: bool):
         s = self.core
@@ -187,6 +203,17 @@ def _and_gradient(f, y):
     return v, jnp.moveaxis(dv, 0, -1)
 
 
+# Second derivatives of the sums (velocity gradient, stretching) err
+# several times more than the first: CPU, 800 points in a box, compact
+# core, eps 1e-6, sums at eps / 2.5: stretching 0.28-0.73e-6 against
+# velocity 0.03-0.19e-6 over 12 draws. Their sums run at eps / 5.
+_SECOND = 5.0
+
+
+def _second(eps):
+    return None if eps is None else eps / _SECOND
+
+
 def _grad_psi(sources, strengths, targets, kernel, eps, leaf_size):
     """grad psi (M, 3, 3) with [m, k, j] = d psi_k / d y_j at the targets."""
     _, g = api.fmm(sources, strengths, targets, kernel, eps, gradient=True, leaf_size=leaf_size)
@@ -209,6 +236,9 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     with [m, i, j] = d u_i / d y_j, from the FMM's second derivatives in
     forward mode on the jnp path (`jfmm.primitive`): one pass, but many
     times a velocity sum on a GPU (docs/BENCHMARKS.md, "Vortex methods").
+    That sum runs at eps / 5, which keeps the second derivatives within
+    eps too (with eps=None, at the default eps, they may err several
+    times more).
     jit-able (eps and smoothing static) and differentiable (through
     `jfmm.fmm`'s rules).
     """
@@ -216,7 +246,7 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     kernel = stream_kernel(smoothing, core)
     if not gradient:
         return _curl(_grad_psi(sources, strengths, targets, kernel, eps, leaf_size))
-    return _and_gradient(lambda t: _curl(_grad_psi(sources, strengths, t, kernel, eps,
+    return _and_gradient(lambda t: _curl(_grad_psi(sources, strengths, t, kernel, _second(eps),
                                                     leaf_size)),
                          sources if targets is None else targets)
 
@@ -226,10 +256,10 @@ def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
     """Velocity u (N, 3) at the elements and their stretching (alpha_n . grad) u
     (N, 3): d alpha / dt of the classical scheme. One FMM sum differentiated
     along each element's own strength: the same second-derivative pass as
-    `velocity(gradient=True)`, contracted with alpha_n."""
+    `velocity(gradient=True)`, contracted with alpha_n, also at eps / 5."""
     sources, strengths, _ = _check(sources, strengths, None, 3)
     kernel = stream_kernel(smoothing, core)
-    g, dg = jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, eps, leaf_size),
+    g, dg = jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, _second(eps), leaf_size),
                     (sources,), (strengths.astype(sources.dtype),))
     return _curl(g), _curl(dg)
 

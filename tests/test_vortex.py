@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jfmm
 from jfmm import vortex
 from tests.conftest import points
 
@@ -78,6 +79,37 @@ def test_velocity_and_gradient_match_biot_savart(smoothing, core, kind, apart, n
     if smoothing != "gaussian":
         assert rel(vortex.velocity(x, a, y, core=core, smoothing=smoothing, eps=eps,
                                    leaf_size=8), ref_u) < eps
+
+
+@pytest.mark.parametrize("smoothing,eps", [("polynomial", 1e-6), ("gaussian", 1e-5)])
+def test_cores_beyond_which_the_kernel_is_laplace(smoothing, eps, rng):
+    """The compact and Gaussian cores are 1/r beyond a distance: the 3D
+    Laplace series carry their far field, on leaves no smaller than that
+    distance. Points packed tighter than the depth asked for take fewer
+    levels (eagerly) or give NaN (traced, and Plan.update, which raises
+    when applied eagerly)."""
+    core = 0.02
+    kernel = vortex.stream_kernel(smoothing, core)
+    x = 0.35 + 0.3 * rng.random((800, 3))                  # a box of side 0.3
+    a = rng.standard_normal((800, 3))
+    pl = jfmm.plan(x, None, kernel, eps, leaf_size=1, gradient=True)
+    reach = core * (1 if smoothing == "polynomial" else np.log(10 / eps) ** (1 / 3))
+    assert pl.family == "laplace3d" and pl.config.reach == pytest.approx(reach)
+    assert pl.config.depth >= 2 and float(pl.tree.box_side(pl.config.depth)) >= reach
+    assert float(pl.tree.box_side(pl.config.depth + 1)) < reach    # leaf_size=1 asked more
+    u, s = vortex.stretching(x, a, core=core, smoothing=smoothing, eps=eps, leaf_size=1)
+    ref_u, ref_du = biot_savart(x, a, x, smoothing, core)
+    assert rel(u, ref_u) < eps
+    assert rel(s, np.einsum("mij,mj->mi", ref_du, a)) < eps
+    tight = 0.5 + (x - 0.5) / 10
+    traced = jax.jit(lambda y: vortex.velocity(y, a, core=core, smoothing=smoothing, eps=eps,
+                                               leaf_size=16))
+    assert np.all(np.isnan(np.asarray(traced(tight))))
+    assert rel(traced(x), ref_u) < eps
+    with pytest.raises(RuntimeError, match="laplace_beyond"):
+        pl.update(tight).apply(a[:, 0])
+    with pytest.raises(ValueError, match="uniform"):
+        jfmm.plan(x, None, kernel, eps, tree="adaptive")
 
 
 def test_float32_singular_and_stretching(rng):
