@@ -51,7 +51,15 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 # ------------------------------------------------------------------ fmm
 
 def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
-    """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None."""
+    """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None.
+    A configuration with a fallback (traced points, `Config.fallback`)
+    sums with it where the leaves come out smaller than its reach."""
+    if config.fallback is not None:
+        run = functools.partial(_fmm_eval, sources, charges, targets, kernel,
+                                gradient=gradient, mode=mode)
+        return jax.lax.cond(_configure.series_fit(config, kernel, sources, targets),
+                            lambda: run(dataclasses.replace(config, fallback=None)),
+                            lambda: run(config.fallback))
     tree = _tree.build(sources, targets, config.depth)
     return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config,
                  gradient, mode)
@@ -164,8 +172,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         if remembered is not None:
             return remembered.apply(charges, gradient)
     config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
-    config = dataclasses.replace(_configure.choose_tree(config, sources, targets, tree),
-                                 mesh=mesh)
+    config = _configure.choose_tree(config, sources, targets, tree).with_mesh(mesh)
     if config.tree == "adaptive":
         pl = _new_plan(sources, targets, kernel, config, order)
         phi, grad = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
@@ -303,7 +310,10 @@ _adaptive_jit = jax.jit(_adaptive.build, static_argnums=(2, 3))
 
 def _new_plan(sources, targets, kernel, config: Config, order=None) -> Plan:
     """The plan of a configuration: its tree (an adaptive one sized from
-    these concrete points, and the order for it) and operators."""
+    these concrete points, and the order for it) and operators. A plan
+    keeps one family: of a configuration with a fallback (traced points),
+    the fallback, which serves every extent."""
+    config = config.fallback or config
     if config.tree == "adaptive":
         tree = _adaptive.plan_tree(sources, targets, config.leaf)
         config = _configure.on_tree(config, tree, kernel, sources, targets, order)
@@ -328,6 +338,5 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree)
-    config = dataclasses.replace(_configure.choose_tree(config, sources, targets, tree),
-                                 mesh=mesh)
+    config = _configure.choose_tree(config, sources, targets, tree).with_mesh(mesh)
     return _new_plan(sources, targets, kernel, config, order)

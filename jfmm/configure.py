@@ -57,14 +57,22 @@ ADAPTIVE_LEAF = 4
 DEFAULT_EPS = {"float32": 1e-5, "float64": 1e-6}
 
 
-def default_eps(kernel, dim: int, dtype, family: str = "auto") -> float:
-    """eps where the caller gives none: DEFAULT_EPS, or the floor of the
-    family that sums the kernel where that is higher (float32: 2e-5 for
-    Chebyshev and the fast Gauss transform)."""
+def floor(kernel, dim: int, dtype, family: str = "auto") -> float:
+    """The smallest eps every call of this kernel, dimension, dtype and
+    family reaches: its family's floor; for a kernel summed as 1/r beyond
+    a core, the series' over CORE_RATIO (traced points)."""
     dt = jnp.dtype(dtype).name
-    floors = (hermite_model.ROUNDING_FLOOR if family == "hermite"
-              else _FLOORS[_tree_family(kernel, dim, family)[0].NAME])
-    return max(DEFAULT_EPS[dt], floors[dt])
+    if family == "hermite":
+        return hermite_model.ROUNDING_FLOOR[dt]
+    least = _FLOORS[_tree_family(kernel, dim, family)[0].NAME][dt]
+    return least / CORE_RATIO if family == "auto" and _cored(kernel, dim) else least
+
+
+def default_eps(kernel, dim: int, dtype, family: str = "auto") -> float:
+    """eps where the caller gives none: DEFAULT_EPS, or the `floor` where
+    that is higher (float32: 2e-5 for Chebyshev and the fast Gauss
+    transform)."""
+    return max(DEFAULT_EPS[jnp.dtype(dtype).name], floor(kernel, dim, dtype, family))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +91,11 @@ class Config:
     one-axis `jax.sharding.Mesh` whose devices share the work
     (`jfmm.distributed`); reach: where a family's own kernel stands in
     for the caller's beyond a distance (`Kernel.laplace_beyond`), that
-    distance: leaves must be at least as large (uniform trees only; traced
-    points that break it give NaN)."""
+    distance: leaves must be at least as large (uniform trees only; a
+    plan's points that break it give NaN); fallback: for traced points
+    with a reach, the configuration (the direct sum) for points whose
+    leaves come out smaller than the reach (`jfmm.api` chooses at run
+    time, `series_fit`)."""
     family: object
     order: int
     depth: int
@@ -94,6 +105,12 @@ class Config:
     leaf: int = 0
     mesh: object = None
     reach: float = 0.0
+    fallback: Config | None = None
+
+    def with_mesh(self, mesh) -> Config:
+        """This configuration (and its fallback) on `mesh`."""
+        fallback = None if self.fallback is None else self.fallback.with_mesh(mesh)
+        return dataclasses.replace(self, mesh=mesh, fallback=fallback)
 
     @property
     def name(self) -> str:
@@ -295,26 +312,78 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     if gauss is not None:
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
     if family == "auto" and _cored(kernel, dim):
-        return _core_config(kernel, fam, choice, eps, gradient, sources, targets)
+        return _core_config(kernel, eps, order, gradient, sources, targets, points)
     return Config(fam, choice.order, choice.depth, eps, gradient)
 
 
-def _core_config(kernel, fam, choice, eps: float, gradient: bool, sources, targets) -> Config:
+# A kernel that is 1/r beyond a core has the series' far field but sums
+# smaller than 1/r's near it, so the series' absolute error is a larger
+# share of them: the series run at eps times the ratio of the sums' norms
+# (`core_ratio`). Traced points assume CORE_RATIO, and the series sum them
+# only where their own ratio is no smaller (else all pairs, `fallback`).
+CORE_RATIO = 0.3
+_RATIO_TARGETS = 256
+
+
+def core_ratio(kernel, sources, targets, gradient: bool):
+    """The norm of the sums of random charges with `kernel` over that with
+    1/r (of phi, and the smaller with grad phi's where `gradient`): sqrt of
+    the mean over up to 256 evenly strided targets of sum_i K(r_i)^2 (and
+    K'(r_i)^2) over every source, in [0, 1] (a scalar array; jit-able)."""
+    y = sources if targets is None else targets
+    y = y[::max(1, y.shape[0] // _RATIO_TARGETS)][:_RATIO_TARGETS]
+    sources, y = jax.lax.stop_gradient((sources, y))
+    ratio = (chebyshev_model.square_sums(kernel, sources, y)
+             / chebyshev_model.square_sums(_kernels.Laplace3D(), sources, y))
+    ratio = jnp.minimum(ratio[0], ratio[1]) if gradient else ratio[0]
+    return jnp.sqrt(jnp.clip(jnp.nan_to_num(ratio), 0.0, 1.0))
+
+
+def _core_config(kernel, eps: float, order, gradient: bool, sources, targets,
+                 points: Points) -> Config:
     """The series configuration of a kernel that is 1/r beyond `reach`
-    (to 0.1 eps): leaves at least that large, so that the near field holds
-    every pair the series would get wrong. Points known at trace time
-    (concrete, or under eager autodiff) take fewer levels where their
-    leaves would be smaller (at depth < 2 all pairs are near); traced
-    points keep the depth and are checked when summed."""
+    (to 0.1 eps), at eps times the points' `core_ratio` (concrete points;
+    Chebyshev's configuration where the series cannot reach that) or
+    CORE_RATIO (traced). Leaves at least `reach` large, so that the near
+    field holds every pair the series would get wrong: points known at
+    trace time (concrete, or under eager autodiff) take fewer levels where
+    their leaves would be smaller (at depth < 2 all pairs are near);
+    traced points keep the depth, and are summed directly where their
+    leaves or ratio turn out smaller (`series_fit`; Chebyshev's
+    interpolation errs across the compact core's kink)."""
+    dim, dtype = sources.shape[1], sources.dtype
     reach = kernel.laplace_beyond(0.1 * eps)
-    depth = choice.depth
     pts = [known_value(x) for x in (sources, targets) if x is not None]
-    if all(concrete(x) for x in pts):
+    known = all(concrete(x) for x in pts)
+    ratio = CORE_RATIO
+    if known:
         with jax.ensure_compile_time_eval():
-            side = float(_tree.root_box(jnp.concatenate(pts))[1])
-        while depth >= 2 and side / 2 ** depth < reach:
-            depth -= 1
-    return Config(fam, choice.order, depth, eps, gradient, reach=reach)
+            ratio = float(core_ratio(kernel, *(known_value(x) for x in (sources, targets)),
+                                     gradient))
+    if order is None and eps * ratio < laplace3d_model.EPS_FLOOR[jnp.dtype(dtype).name]:
+        choice = chebyshev_model.choose(kernel, eps, dtype, points, None, gradient)
+        return Config(chebyshev_family(dim), choice.order, choice.depth, eps, gradient)
+    choice = laplace3d_model.choose(kernel, eps * ratio, dtype, points, order, gradient)
+    depth = choice.depth
+    if not known:
+        return Config(laplace3d, choice.order, depth, eps, gradient, reach=reach,
+                      fallback=Config(None, 1, 0, eps))
+    with jax.ensure_compile_time_eval():
+        side = float(_tree.root_box(jnp.concatenate(pts))[1])
+    while depth >= 2 and side / 2 ** depth < reach:
+        depth -= 1
+    return Config(laplace3d, choice.order, depth, eps, gradient, reach=reach)
+
+
+def series_fit(config: Config, kernel, sources, targets):
+    """Whether a configuration with a fallback sums these (traced) points
+    with its series: the uniform tree of its depth has leaves no smaller
+    than its reach (the root box is the tree's), and their `core_ratio`
+    is at least CORE_RATIO. A traced bool."""
+    both = sources if targets is None else jnp.concatenate([sources, targets])
+    leaves = jax.lax.stop_gradient(_tree.root_box(both)[1]) / 2 ** config.depth
+    return (leaves >= config.reach) & (core_ratio(kernel, sources, targets, config.gradient)
+                                       >= CORE_RATIO)
 
 
 def _sampled(kernel, dim: int, order, family: str) -> bool:

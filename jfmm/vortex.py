@@ -30,11 +30,13 @@ error of grad psi, of which u is a signed sum of components, within the
 limits `jfmm.fmm` states (float32 Chebyshev gradients carry rounding
 errors of 2e-5 to 3e-4; traced points, as in `step`, get orders from a rule
 for any points). The last two cores are 1/r beyond a distance R (s, and
-s (ln(10/eps))^(1/3) for the Gaussian core, where exp(-rho^3) < eps/10;
-`Kernel.laplace_beyond`): the spherical-harmonic series carry their far
-field and the near field sums G itself, on leaves no smaller than R. Points
-known when the sum is set up take fewer levels where needed; traced points
-(`step` under jit) packed tighter than the tree's depth allows give NaN.
+for the Gaussian core where G'' is 2/r^3 to eps/10: (1 + 3x/2) exp(-x) <
+eps/10, x = (R/s)^3; `Kernel.laplace_beyond`): the spherical-harmonic
+series carry their far field and the near field sums G itself, on leaves
+no smaller than R. Points known when the sum is set up take fewer levels
+where needed; for traced points (`step` under jit) both the series and
+Chebyshev are compiled, and Chebyshev sums where the leaves come out
+smaller than R.
 Pairs at distance 0 are left out: the singular law's self
 term, and a smoothed core's own term, which is 0 for u and, in the velocity
 gradient, the antisymmetric -f(0)/(4 pi) [alpha]x, which does not stretch.
@@ -53,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaincc
 
-from jfmm import api
+from jfmm import api, configure
 from jfmm._compat import Tracer
 from jfmm.kernels import Kernel, Laplace2D, Laplace3D, _pytree_dataclass
 
@@ -119,11 +121,15 @@ class GaussianCore(Kernel):
         return (rho * rho * _one_minus_exp_over(x) + _GAMMA_2_3 * upper) / self.core
 
     def laplace_beyond(self, tol: float):
-        # |G - 1/r| r and |f - 1/r^3| r^3 are at most exp(-rho^3)
-        # (Gamma(2/3, x) <= x^(-1/3) exp(-x))
+        # With x = rho^3, |G - 1/r| r and |G' + 1/r^2| r^2 are at most
+        # exp(-x) (Gamma(2/3, x) <= x^(-1/3) exp(-x)) and |G'' - 2/r^3| r^3 / 2
+        # is (1 + 3x/2) exp(-x): the x where that falls to tol, by fixed point.
         if isinstance(self.core, Tracer):
             return None
-        return float(self.core) * math.log(1 / tol) ** (1 / 3)
+        x = math.log(1 / tol)
+        for _ in range(20):
+            x = math.log((1 + 1.5 * x) / tol)
+        return float(self.core) * x ** (1 / 3)
 
     def from_r2(self, r2, gradient: bool):
         k = self.radial(jnp.sqrt(r2))
@@ -206,12 +212,16 @@ def _and_gradient(f, y):
 # Second derivatives of the sums (velocity gradient, stretching) err
 # several times more than the first: CPU, 800 points in a box, compact
 # core, eps 1e-6, sums at eps / 2.5: stretching 0.28-0.73e-6 against
-# velocity 0.03-0.19e-6 over 12 draws. Their sums run at eps / 5.
+# velocity 0.03-0.19e-6 over 12 draws. Their sums run at eps / 5, or at
+# the family's floor where that is higher.
 _SECOND = 5.0
 
 
-def _second(eps):
-    return None if eps is None else eps / _SECOND
+def _second(eps, kernel, dtype):
+    if eps is None:
+        return None
+    least = configure.floor(kernel, 3, dtype)
+    return eps if eps <= least else max(eps / _SECOND, least)
 
 
 def _grad_psi(sources, strengths, targets, kernel, eps, leaf_size):
@@ -237,8 +247,9 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     forward mode on the jnp path (`jfmm.primitive`): one pass, but many
     times a velocity sum on a GPU (docs/BENCHMARKS.md, "Vortex methods").
     That sum runs at eps / 5, which keeps the second derivatives within
-    eps too (with eps=None, at the default eps, they may err several
-    times more).
+    eps too (with eps=None, or an eps less than 5 times the family's floor
+    (`jfmm.configure.floor`), the sum runs at the default or the floor and
+    they may err several times more).
     jit-able (eps and smoothing static) and differentiable (through
     `jfmm.fmm`'s rules).
     """
@@ -246,7 +257,8 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     kernel = stream_kernel(smoothing, core)
     if not gradient:
         return _curl(_grad_psi(sources, strengths, targets, kernel, eps, leaf_size))
-    return _and_gradient(lambda t: _curl(_grad_psi(sources, strengths, t, kernel, _second(eps),
+    second = _second(eps, kernel, sources.dtype)
+    return _and_gradient(lambda t: _curl(_grad_psi(sources, strengths, t, kernel, second,
                                                     leaf_size)),
                          sources if targets is None else targets)
 
@@ -259,7 +271,8 @@ def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
     `velocity(gradient=True)`, contracted with alpha_n, also at eps / 5."""
     sources, strengths, _ = _check(sources, strengths, None, 3)
     kernel = stream_kernel(smoothing, core)
-    g, dg = jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, _second(eps), leaf_size),
+    second = _second(eps, kernel, sources.dtype)
+    g, dg = jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, second, leaf_size),
                     (sources,), (strengths.astype(sources.dtype),))
     return _curl(g), _curl(dg)
 

@@ -81,35 +81,52 @@ def test_velocity_and_gradient_match_biot_savart(smoothing, core, kind, apart, n
                                    leaf_size=8), ref_u) < eps
 
 
-@pytest.mark.parametrize("smoothing,eps", [("polynomial", 1e-6), ("gaussian", 1e-5)])
-def test_cores_beyond_which_the_kernel_is_laplace(smoothing, eps, rng):
-    """The compact and Gaussian cores are 1/r beyond a distance: the 3D
-    Laplace series carry their far field, on leaves no smaller than that
-    distance. Points packed tighter than the depth asked for take fewer
-    levels (eagerly) or give NaN (traced, and Plan.update, which raises
-    when applied eagerly)."""
-    core = 0.02
-    kernel = vortex.stream_kernel(smoothing, core)
-    x = 0.35 + 0.3 * rng.random((800, 3))                  # a box of side 0.3
-    a = rng.standard_normal((800, 3))
+def test_cores_beyond_which_the_kernel_is_laplace(rng):
+    """The compact core is 1/r beyond its size: the 3D Laplace series carry
+    its far field, on leaves no smaller than that. Points packed tighter
+    than the depth asked for take fewer levels (eagerly), all pairs
+    (traced: chosen at run time), or give NaN and raise eagerly
+    (Plan.update)."""
+    core, eps = 0.04, 1e-4
+    kernel = vortex.stream_kernel("polynomial", core)
+    x = 0.35 + 0.3 * rng.random((500, 3))                  # a box of side 0.3
+    a = rng.standard_normal((500, 3))
     pl = jfmm.plan(x, None, kernel, eps, leaf_size=1, gradient=True)
-    reach = core * (1 if smoothing == "polynomial" else np.log(10 / eps) ** (1 / 3))
-    assert pl.family == "laplace3d" and pl.config.reach == pytest.approx(reach)
-    assert pl.config.depth >= 2 and float(pl.tree.box_side(pl.config.depth)) >= reach
-    assert float(pl.tree.box_side(pl.config.depth + 1)) < reach    # leaf_size=1 asked more
-    u, s = vortex.stretching(x, a, core=core, smoothing=smoothing, eps=eps, leaf_size=1)
-    ref_u, ref_du = biot_savart(x, a, x, smoothing, core)
+    assert pl.family == "laplace3d" and pl.config.reach == core
+    assert pl.config.depth >= 2 and float(pl.tree.box_side(pl.config.depth)) >= core
+    assert float(pl.tree.box_side(pl.config.depth + 1)) < core     # leaf_size=1 asked more
+    u, s = vortex.stretching(x, a, core=core, smoothing="polynomial", eps=eps, leaf_size=1)
+    ref_u, ref_du = biot_savart(x, a, x, "polynomial", core)
     assert rel(u, ref_u) < eps
     assert rel(s, np.einsum("mij,mj->mi", ref_du, a)) < eps
+    # Traced: the series where the leaves and the sums' norms allow (their
+    # error is not rounding's), all pairs where they do not (it is).
+    traced = jax.jit(lambda y, c: vortex.velocity(y, a, core=c, smoothing="polynomial", eps=eps,
+                                                  leaf_size=16), static_argnums=1)
+    thin = core / 4
+    assert 1e-13 < rel(traced(x, thin), biot_savart(x, a, x, "polynomial", thin)[0]) < eps
     tight = 0.5 + (x - 0.5) / 10
-    traced = jax.jit(lambda y: vortex.velocity(y, a, core=core, smoothing=smoothing, eps=eps,
-                                               leaf_size=16))
-    assert np.all(np.isnan(np.asarray(traced(tight))))
-    assert rel(traced(x), ref_u) < eps
+    assert rel(traced(tight, thin), biot_savart(tight, a, tight, "polynomial", thin)[0]) < 1e-12
+    assert np.all(np.isnan(np.asarray(jax.jit(lambda p: p.apply(a[:, 0]))(pl.update(tight)))))
     with pytest.raises(RuntimeError, match="laplace_beyond"):
         pl.update(tight).apply(a[:, 0])
     with pytest.raises(ValueError, match="uniform"):
         jfmm.plan(x, None, kernel, eps, tree="adaptive")
+
+
+def test_gaussian_core_reach():
+    """Beyond its reach the Gaussian core's G, G' and G'' are 1/r's to the
+    tolerance asked (float64 against the closed forms)."""
+    s = 0.1
+    for tol in (1e-3, 1e-6, 1e-9):
+        reach = vortex.stream_kernel("gaussian", s).laplace_beyond(tol)
+        r = reach * np.linspace(1.0, 3.0, 50)
+        x = (r / s) ** 3
+        g1 = -(-np.expm1(-x)) / r ** 2                       # G' = -r f(r)
+        g2 = 2 * -np.expm1(-x) / r ** 3 - 3 * np.exp(-x) / s ** 3
+        assert np.max(np.abs(g1 * r ** 2 + 1)) <= tol
+        assert np.max(np.abs(g2 * r ** 3 / 2 - 1)) <= tol * (1 + 1e-9)
+        assert abs(g2[0] * r[0] ** 3 / 2 - 1) > tol / 2     # and not far beyond it
 
 
 def test_float32_singular_and_stretching(rng):

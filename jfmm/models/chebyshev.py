@@ -139,7 +139,7 @@ def _chi_draws() -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("chunk",))
-def _square_sums(kernel, sources, targets, chunk: int = 4096):
+def square_sums(kernel, sources, targets, chunk: int = 4096):
     """(2,) mean over targets of sum over sources of K(r)^2 and K'(r)^2
     (a pair at r = 0 adds K(0)^2 where the kernel is smooth, nothing where
     it is singular), over chunks of sources."""
@@ -169,7 +169,7 @@ def exact_moments(kernel, sources, targets, x: np.ndarray, y: np.ndarray, side: 
     clustered points and a kernel narrower than the root box defeat); the
     lower-quantile factors from the sample pairs (x, y) as there."""
     factors = _quantile_factors(kernel, x, y, side, dim)
-    sums = np.asarray(_square_sums(kernel, sources, targets), np.float64)
+    sums = np.asarray(square_sums(kernel, sources, targets), np.float64)
     return tuple(float(f * v) / sources.shape[0] for f, v in zip(factors, sums))
 
 
