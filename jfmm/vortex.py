@@ -58,6 +58,7 @@ from jax.scipy.special import gammaincc
 from jfmm import api, configure
 from jfmm._compat import Tracer
 from jfmm.kernels import Kernel, Laplace2D, Laplace3D, _pytree_dataclass
+from jfmm.models import Unreachable
 
 __all__ = ["CORES", "State", "energy", "impulse", "step", "stream_kernel", "stretching", "velocity",
            "velocity_2d"]
@@ -213,7 +214,7 @@ def _and_gradient(f, y):
 # several times more than the first: CPU, 800 points in a box, compact
 # core, eps 1e-6, sums at eps / 2.5: stretching 0.28-0.73e-6 against
 # velocity 0.03-0.19e-6 over 12 draws. Their sums run at eps / 5, or at
-# the family's floor where that is higher.
+# the family's floor, or what its estimate reaches, where that is higher.
 _SECOND = 5.0
 
 
@@ -224,10 +225,19 @@ def _second(eps, kernel, dtype):
     return eps if eps <= least else max(eps / _SECOND, least)
 
 
-def _grad_psi(sources, strengths, targets, kernel, eps, leaf_size):
-    """grad psi (M, 3, 3) with [m, k, j] = d psi_k / d y_j at the targets."""
-    _, g = api.fmm(sources, strengths, targets, kernel, eps, gradient=True, leaf_size=leaf_size)
-    return g / (4 * jnp.pi)
+def _grad_psi(sources, strengths, targets, kernel, eps, leaf_size, loosest=None):
+    """grad psi (M, 3, 3) with [m, k, j] = d psi_k / d y_j at the targets:
+    at eps, or where the family's estimate does not reach it (`Unreachable`),
+    at 1.5 times what it reaches, up to `loosest`."""
+    def grad(eps):
+        return api.fmm(sources, strengths, targets, kernel, eps, gradient=True,
+                       leaf_size=leaf_size)[1] / (4 * jnp.pi)
+    try:
+        return grad(eps)
+    except Unreachable as e:
+        if loosest is None or e.reachable is None or 1.5 * e.reachable > loosest:
+            raise
+        return grad(1.5 * e.reachable)
 
 
 def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular", eps=None,
@@ -247,9 +257,10 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     forward mode on the jnp path (`jfmm.primitive`): one pass, but many
     times a velocity sum on a GPU (docs/BENCHMARKS.md, "Vortex methods").
     That sum runs at eps / 5, which keeps the second derivatives within
-    eps too (with eps=None, or an eps less than 5 times the family's floor
-    (`jfmm.configure.floor`), the sum runs at the default or the floor and
-    they may err several times more).
+    eps too (with eps=None, or where the family's floor
+    (`jfmm.configure.floor`) or its estimate for the points stops above
+    eps / 5, the sum runs at the default or there, and they may err several
+    times more).
     jit-able (eps and smoothing static) and differentiable (through
     `jfmm.fmm`'s rules).
     """
@@ -259,7 +270,7 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
         return _curl(_grad_psi(sources, strengths, targets, kernel, eps, leaf_size))
     second = _second(eps, kernel, sources.dtype)
     return _and_gradient(lambda t: _curl(_grad_psi(sources, strengths, t, kernel, second,
-                                                    leaf_size)),
+                                                    leaf_size, eps)),
                          sources if targets is None else targets)
 
 
@@ -272,7 +283,7 @@ def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
     sources, strengths, _ = _check(sources, strengths, None, 3)
     kernel = stream_kernel(smoothing, core)
     second = _second(eps, kernel, sources.dtype)
-    g, dg = jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, second, leaf_size),
+    g, dg = jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, second, leaf_size, eps),
                     (sources,), (strengths.astype(sources.dtype),))
     return _curl(g), _curl(dg)
 
