@@ -98,11 +98,39 @@ def rings(n, rng, core_radius=0.1):
     return x, np.concatenate([strength, strength])
 
 
-def step_row(table, n, m, dtype, eps, smoothing, core, repeats, rng):
+def ring_state(n, m, dtype, rng):
+    """Two rings of n elements (`rings`) and m tracers in a cylinder about them."""
     x, a = rings(n, rng)
     r, th = 1.6 * np.sqrt(rng.random(m)), 2 * np.pi * rng.random(m)
     tr = np.stack([r * np.cos(th), r * np.sin(th), -0.5 + 1.6 * rng.random(m)], -1)
-    state = vortex.State(*(jnp.asarray(v, dtype) for v in (x, a, tr)))
+    return vortex.State(*(jnp.asarray(v, dtype) for v in (x, a, tr)))
+
+
+def part_rows(table, n, m, dtype, eps, smoothing, core, repeats, rng):
+    """The two sums of a step's stage, timed alone: stretching at the
+    elements, velocity at the tracers (errors not measured: those of the
+    step row)."""
+    state = ring_state(n, m, dtype, rng)
+    parts = {"stretching": lambda s: vortex.stretching(s.positions, s.strengths, core=core,
+                                                       smoothing=smoothing, eps=eps),
+             "tracer velocity": lambda s: vortex.velocity(s.positions, s.strengths, s.tracers,
+                                                          core=core, smoothing=smoothing,
+                                                          eps=eps)}
+    for case, f in parts.items():
+        if case == "tracer velocity" and not m:
+            continue
+        f = jax.jit(f)
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(state))
+        first = time.perf_counter() - t0
+        t = median_time(f, state, repeats=repeats)
+        table.add(dict(case=case, smoothing=smoothing, n=n, m=m if case != "stretching" else n,
+                       dtype=dtype, eps=eps, time_ms=1e3 * t, first_s=first, err_u=None))
+
+
+def step_row(table, n, m, dtype, eps, smoothing, core, repeats, rng):
+    state = ring_state(n, m, dtype, rng)
+    x = state.positions
     f = jax.jit(lambda s: vortex.step(s, 0.01, core=core, smoothing=smoothing, eps=eps))
     t0 = time.perf_counter()
     jax.block_until_ready(f(state))
@@ -119,7 +147,7 @@ def step_row(table, n, m, dtype, eps, smoothing, core, repeats, rng):
     err = rel(np.asarray(u)[i], reference_u(np.asarray(state.positions, np.float64),
                              np.asarray(state.strengths, np.float64),
                              np.asarray(y, np.float64)[i], smoothing, core))
-    table.add(dict(case="RK4 step", smoothing=smoothing, n=len(x), m=m, dtype=dtype, eps=eps,
+    table.add(dict(case="RK4 step", smoothing=smoothing, n=n, m=m, dtype=dtype, eps=eps,
                    time_ms=1e3 * t, first_s=first, err_u=err))
 
 
@@ -136,6 +164,11 @@ def main():
     ap.add_argument("--core", type=float, default=0.02, help="the step rows' core size")
     ap.add_argument("--smoothing", type=lambda v: v.split(","), default=["rosenhead_moore"],
                     help="the step rows' cores, comma-separated")
+    ap.add_argument("--velocity-smoothing", type=lambda v: v.split(","), default=["singular"],
+                    help="the velocity rows' cores, comma-separated (a smoothed one of size "
+                         "--core)")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time a stage's two sums alone for each step row")
     ap.add_argument("--skip", default="", help="'velocity' or 'step'")
     args = ap.parse_args()
     jax.config.update("jax_enable_x64", True)
@@ -146,8 +179,10 @@ def main():
         for dtype in args.dtypes.split(","):
             eps = args.eps32 if dtype == "float32" else args.eps64
             for n in map(int, args.sizes.split(",")):
-                velocity_row(table, n, dtype, eps, "singular", 0.0, args.repeats, rng)
-                save()
+                for smoothing in args.velocity_smoothing:
+                    core = 0.0 if smoothing == "singular" else args.core
+                    velocity_row(table, n, dtype, eps, smoothing, core, args.repeats, rng)
+                    save()
     if "step" not in args.skip:
         for spec in args.steps.split(","):
             n, m = map(int, spec.split(":"))
@@ -156,6 +191,10 @@ def main():
                     step_row(table, n, m, args.step_dtype, eps, smoothing, args.core,
                              args.repeats, rng)
                     save()
+                    if args.parts:
+                        part_rows(table, n, m, args.step_dtype, eps, smoothing, args.core,
+                                  args.repeats, rng)
+                        save()
 
 
 if __name__ == "__main__":
