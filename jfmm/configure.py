@@ -321,7 +321,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
 # share of them: the series run at eps times the ratio of the sums' norms
 # (`core_ratio`). Traced points assume CORE_RATIO, and the series sum them
 # only where their own ratio is no smaller (else all pairs, `fallback`).
-CORE_RATIO = 0.3
+CORE_RATIO = 0.1
 _RATIO_TARGETS = 256
 
 
