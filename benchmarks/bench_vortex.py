@@ -29,7 +29,7 @@ COLUMNS = [
     ("case", "case", ""), ("smoothing", "core", ""), ("n", "elements", ","),
     ("m", "targets", ","), ("dtype", "dtype", ""), ("eps", "eps", "g"),
     ("time_ms", "time ms", lambda r: f"**{r['time_ms']:.1f}**"),
-    ("first_s", "first call s", ".1f"), ("err_u", "err u", ".2e"),
+    ("first_s", "first call s", ".1f"), ("err_u", "err", ".2e"),
 ]
 
 
@@ -62,6 +62,15 @@ def biot_savart(x, a, y, smoothing, core, chunk=2 ** 16):
 def reference_u(x, a, y, smoothing, core):
     with jax.enable_x64(True):
         return np.asarray(jax.jit(biot_savart, static_argnums=(3,))(x, a, y, smoothing, core))
+
+
+def reference_stretching(x, a, y, along, smoothing, core):
+    """float64 (along_m . grad) u at y_m: `biot_savart` differentiated along
+    the targets in forward mode."""
+    def f(x, a, y, along):
+        return jax.jvp(lambda t: biot_savart(x, a, t, smoothing, core), (y,), (along,))[1]
+    with jax.enable_x64(True):
+        return np.asarray(jax.jit(f)(x, a, y, along))
 
 
 def velocity_row(table, n, dtype, eps, smoothing, core, repeats, rng):
@@ -108,8 +117,8 @@ def ring_state(n, m, dtype, rng):
 
 def part_rows(table, n, m, dtype, eps, smoothing, core, repeats, rng):
     """The two sums of a step's stage, timed alone: stretching at the
-    elements, velocity at the tracers (errors not measured: those of the
-    step row)."""
+    elements (its error against `reference_stretching` at sampled
+    elements), velocity at the tracers (its error is the step row's)."""
     state = ring_state(n, m, dtype, rng)
     parts = {"stretching": lambda s: vortex.stretching(s.positions, s.strengths, core=core,
                                                        smoothing=smoothing, eps=eps),
@@ -124,8 +133,14 @@ def part_rows(table, n, m, dtype, eps, smoothing, core, repeats, rng):
         jax.block_until_ready(f(state))
         first = time.perf_counter() - t0
         t = median_time(f, state, repeats=repeats)
+        err = None
+        if case == "stretching":
+            i = sample(rng, n)
+            x64, a64 = (np.asarray(v, np.float64) for v in (state.positions, state.strengths))
+            err = rel(np.asarray(f(state)[1])[i],
+                      reference_stretching(x64, a64, x64[i], a64[i], smoothing, core))
         table.add(dict(case=case, smoothing=smoothing, n=n, m=m if case != "stretching" else n,
-                       dtype=dtype, eps=eps, time_ms=1e3 * t, first_s=first, err_u=None))
+                       dtype=dtype, eps=eps, time_ms=1e3 * t, first_s=first, err_u=err))
 
 
 def step_row(table, n, m, dtype, eps, smoothing, core, repeats, rng):

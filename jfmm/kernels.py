@@ -113,6 +113,14 @@ class Kernel:
         k = jnp.where(pos, k, 0.0 if self.singular else self.at_zero(r2.dtype))
         return k, (jnp.where(pos, g, 0.0) if gradient else None)
 
+    def hessian_pair(self, r2, guard: bool = True):
+        """(A, B) with A I + B r r^T the Hessian of K(|r|) at r^2: A = K'(r)/r
+        (`pair`'s gradient factor) and B = 2 dA / d(r^2), by forward-mode
+        autodiff of `pair` (both 0 at r = 0 where guard, as `pair`)."""
+        factor = lambda t: self.pair(t, True, guard=guard)[1]    # noqa: E731
+        a, da = jax.jvp(factor, (r2,), (jnp.ones_like(r2),))
+        return a, 2 * da
+
 
 def _pytree_dataclass(cls):
     """Make cls a frozen dataclass and a pytree: fields are differentiable

@@ -18,6 +18,9 @@ M2P of the W lists, and the near field over the U lists (`adaptive_evaluate`).
 """
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 
 from jfmm import kernels
@@ -90,6 +93,34 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
         phi = phi + fphi
         grad = grad + fgrad if gradient else None
     return caller_order(tree, phi, grad, gradient, config)
+
+
+def hessian(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
+            mode: str = "jnp"):
+    """Second derivatives of phi along the targets, (M, K, d, d) in the
+    caller's target order, on a uniform tree (families of SCHEME "tree", or
+    none): the near field's (or all pairs') from `Kernel.hessian_pair` on
+    backend `mode`, plus the far field's by forward mode through the jnp
+    L2P of the leaves' local expansions, which the passes build once."""
+    family, p = config.family, config.order
+    q_sorted = charges[tree.src_perm]
+    if tree.depth == 0:
+        targets = None if tree.shared else tree.tgt_sorted
+        h = backend.dense(kernel, targets, tree.src_sorted, q_sorted, False, mode, hessian=True)
+        return caller_order(tree, h, None, False, config)[0]
+    near = lists.neighbors(tree.depth, tree.dim)
+    h = backend.near_field_hessian(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
+                                   q_sorted, tree.src_start, near, mode)
+    if family is not None and tree.depth >= 2:
+        loc = downward(tree, upward(tree, q_sorted, family, ops, p, mode), family, ops, kernel,
+                       p, mode)
+
+        def far_gradient(shift):
+            moved = dataclasses.replace(tree, tgt_sorted=tree.tgt_sorted + shift)
+            return leaf_l2p(moved, loc, family, p, True, "jnp")[1]
+
+        h = h + jax.jacfwd(far_gradient)(jnp.zeros(tree.dim, tree.tgt_sorted.dtype))
+    return caller_order(tree, h, None, False, config)[0]
 
 
 def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp"):

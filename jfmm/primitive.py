@@ -113,16 +113,21 @@ def _evaluate(tree: Tree, charges, kernel, config: Config, ops, gradient: bool, 
     return run(tree, charges, kernel, config, ops, gradient, mode)
 
 
-def _block(tree: Tree, ops, kernel, config: Config, w, a: int, c: int):
+def _block(tree: Tree, ops, kernel, config: Config, w, a: int, c: int, mode: str):
     """sum_j D^(a+c) G(y_i - x_j)[w_j] for one weight order: (M, K) + (d,)*c.
 
-    G depends on y - x only, so every derivative is taken at the target: for
-    each multi-index m of the weight's a axes, a target derivatives along
-    e_m of the potential of charges w[..., m], then c more by jacfwd, in
-    forward mode through the jnp fast path.
+    G depends on y - x only, so every derivative is taken at the target:
+    charges' second derivatives on one device's uniform tree from
+    `passes.hessian` (near field on backend `mode`); else, for each
+    multi-index m of the weight's a axes, a target derivatives along e_m of
+    the potential of charges w[..., m], then c more by jacfwd, in forward
+    mode through the jnp fast path (charges: from its gradient).
     """
     dim = tree.dim
     tgt = tree.tgt_sorted
+    if (a == 0 and c == 2 and config.mesh is None and isinstance(tree, Tree)
+            and (config.family is None or config.family.SCHEME == "tree")):
+        return passes.hessian(tree, w, kernel, config, ops, mode)
     if a == 0 and c >= 1:            # the fast path's gradient, c - 1 derivatives more
         def grad_at(s):
             t = dataclasses.replace(tree, tgt_sorted=tgt + s, shared=False)
@@ -176,7 +181,7 @@ def _meaning(spec: Spec, *args):
                 add(1, grad)
             done = 2
         for c in range(done, spec.top + 1):
-            add(c, _block(tree, ops, kernel, spec.config, w, a, c))
+            add(c, _block(tree, ops, kernel, spec.config, w, a, c, spec.mode))
     return outs
 
 

@@ -96,14 +96,27 @@ def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, n
                                  interpret=mode == "interpret")
 
 
+def near_field_hessian(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
+                       mode: str):
+    """`jfmm.ops.p2p.near_field_hessian` on backend `mode`."""
+    if mode == "jnp" or not kernel.pallas:
+        return p2p.near_field_hessian(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
+                                      src_start, near)
+    return pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
+                                 near, False, blocks=_blocks, interpret=mode == "interpret",
+                                 hessian=True)
+
+
 # All pairs run with the r = 0 select everywhere unless there are this many
 # pairs per point: below it the coincidence check's sort of the N + M points
 # would cost more than skipping the select saves (about 15% of a pair's time).
 DENSE_CHECK_RATIO = 2 ** 14
 
 
-def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
-    """All-pairs sum on backend `mode` (targets None: the sources themselves).
+def dense(kernel, targets, sources, charges, gradient: bool, mode: str, hessian: bool = False):
+    """All-pairs sum on backend `mode` (targets None: the sources themselves);
+    hessian: its second derivatives along the targets alone (M, K, d, d)
+    (`jfmm.ops.p2p.dense_hessian`).
 
     The Pallas path is the near-field kernel on a one-leaf tree whose only
     neighbour is itself. Where N M >= DENSE_CHECK_RATIO (N + M), a sort finds
@@ -111,12 +124,15 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
     only the source chunks that hold a tile's own rows (targets None) keep
     the r = 0 select."""
     y = sources if targets is None else targets
+    if (mode == "jnp" or not kernel.pallas) and hessian:
+        return p2p.dense_hessian(kernel, y, sources, charges)
     if mode == "jnp" or not kernel.pallas:
         return p2p.dense(kernel, y, sources, charges, gradient)
     m, n = y.shape[0], sources.shape[0]
     t_start = jnp.array([0, m, m], jnp.int32)
     s_start = jnp.array([0, n, n], jnp.int32)
-    _, t0, t1 = p2p.leaf_tiles(t_start, m, _dense_blocks.targets)
+    blocks = _blocks if hessian else _dense_blocks      # fewer registers per pair tile
+    _, t0, t1 = p2p.leaf_tiles(t_start, m, blocks.targets)
     g0, g1 = jnp.zeros_like(t0), jnp.full_like(t1, n)        # every source row
     check = m * n >= DENSE_CHECK_RATIO * (m + n)
     if check and targets is None:                           # else a tile's own rows
@@ -125,8 +141,9 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str):
     elif check:                                             # else none
         g1 = jnp.where(p2p.any_coincide(sources, targets), g1, 0)
     return pallas_p2p.near_field(kernel, y, t_start, sources, charges, s_start,
-                                 jnp.zeros((1, 1), jnp.int32), gradient, blocks=_dense_blocks,
-                                 interpret=mode == "interpret", coincide=(g0, g1))
+                                 jnp.zeros((1, 1), jnp.int32), gradient, blocks=blocks,
+                                 interpret=mode == "interpret", coincide=(g0, g1),
+                                 hessian=hessian)
 
 
 def m2l(mult, level: int, mats, dim: int, mode: str):

@@ -180,3 +180,24 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
 
     phi_t, grad_t = _map(one_tile, (leaf, t0, t1), batch)
     return scatter_tiles(phi_t, grad_t, t0, t1, m)
+
+
+
+def _along_targets(grad, y):
+    """d grad(y + s) / d s at s = 0 (forward mode, d directions): (M, K, d, d)."""
+    return jax.jacfwd(lambda shift: grad(y + shift))(jnp.zeros(y.shape[1], y.dtype))
+
+
+def dense_hessian(kernel: Kernel, targets, sources, charges):
+    """All pairs' second derivatives (M, K, d, d) along the targets, by
+    forward mode through `dense`'s gradient (the Pallas kernel's
+    specification)."""
+    return _along_targets(lambda y: dense(kernel, y, sources, charges, True)[1], targets)
+
+
+def near_field_hessian(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
+                       src_start, near):
+    """`near_field`'s second derivatives (M, K, d, d) along the targets, by
+    forward mode through its gradient (the Pallas kernel's specification)."""
+    return _along_targets(lambda y: near_field(kernel, y, tgt_start, src_sorted, q_sorted,
+                                               src_start, near, True)[1], tgt_sorted)

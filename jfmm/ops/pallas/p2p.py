@@ -30,6 +30,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
 from jfmm.kernels import Kernel
@@ -57,12 +58,13 @@ class Blocks:
 
 
 def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
-            dim: int, blocks: Blocks, gradient: bool, interpret: bool):
+            dim: int, blocks: Blocks, gradient: bool, interpret: bool, hessian: bool = False):
     """One target tile. meta row: [t0, t1, n, g0, g1, s0[0..width), s1[0..width)]
     (n ranges in use, see `jfmm.ops.p2p.source_ranges`; [g0, g1) the
     sources that may equal a target); refs: the kernel's scalar parameters
-    (each (1,)), then phi and grad."""
-    *param_refs, phi_ref, grad_ref = refs
+    (each (1,)), then phi and grad, or (hessian) the second derivatives'
+    upper triangles (`_PAIRS`) alone."""
+    *param_refs, phi_ref, grad_ref = refs if not hessian else refs + (None,)
     params = [r[0] for r in param_refs]
     t_sz, s_sz = blocks.targets, blocks.sources
     i = pl.program_id(0)
@@ -70,7 +72,9 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
     y = [y_ref[a, pl.ds(t0, t_sz)] for a in range(dim)]
     dt = y[0].dtype
     zeros = jnp.zeros((t_sz, s_sz), dt)
-    init = tuple([zeros] * (n_k * (1 + (dim if gradient else 0))))
+    pairs = _PAIRS[dim]
+    per = len(pairs) if hessian else 1 + (dim if gradient else 0)
+    init = tuple([zeros] * (n_k * per))
 
     def fma(a, b, c):
         return _fma(a, b, c, interpret) if blocks.fma else a * b + c
@@ -78,6 +82,8 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
     def pair(guard):
         def f(params, r2):
             kernel = jax.tree_util.tree_unflatten(treedef, params)
+            if hessian:
+                return kernel.hessian_pair(r2, guard=guard)
             return kernel.pair(r2, gradient, differentiable=False, guard=guard)
         return fast_math(f, interpret) if blocks.fast_math else f
 
@@ -96,6 +102,14 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
             r2 = fma(d, d, r2)
         kv, g = pair(guard)(params, r2)
         out = list(acc)
+        if hessian:             # q (A I + B r r^T): kv is A, g is B
+            for k in range(n_k):
+                aq, bq = kv * qs[k][None, :], g * qs[k][None, :]
+                bd = [bq * diff[a] for a in range(dim)]
+                for j, (a, b) in enumerate(pairs):
+                    o = k * len(pairs) + j
+                    out[o] = fma(bd[a], diff[b], out[o] + aq if a == b else out[o])
+            return tuple(out)
         for k in range(n_k):
             out[k] = fma(kv, qs[k][None, :], out[k])
             if gradient:
@@ -123,6 +137,10 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
         return chunks(n_full, -jnp.floor_divide(s0 - s1, s_sz), s0, s1, acc, True, True)
 
     acc = jax.lax.fori_loop(0, meta_ref[i, 2], neighbour, init)
+    if hessian:
+        for o in range(n_k * len(pairs)):
+            phi_ref[i, o, :] = jnp.sum(acc[o], axis=1)
+        return
     for k in range(n_k):
         phi_ref[i, k, :] = jnp.sum(acc[k], axis=1)
         if gradient:
@@ -130,9 +148,13 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
                 grad_ref[i, k * dim + a, :] = jnp.sum(acc[n_k + k * dim + a], axis=1)
 
 
+# The upper triangle (a <= b) of a d x d symmetric matrix, row by row.
+_PAIRS = {d: [(a, b) for a in range(d) for b in range(a, d)] for d in (2, 3)}
+
+
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
                near, gradient: bool, blocks: Blocks = Blocks(), interpret: bool = False,
-               coincide=None):
+               coincide=None, hessian: bool = False):
     """Pallas twin of `jfmm.ops.p2p.near_field` (same arguments and results).
 
     coincide: None, or (g0, g1) int arrays, one entry per target tile of
@@ -144,6 +166,9 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     1e-19 in float32) gets the kernel's `from_r2` at 0: the right terms for
     kernels smooth there (Gaussian, multiquadrics), inf or NaN for the
     others (every built-in one is checked in tests), never a silent 0.
+
+    hessian=True: the second derivatives along the targets alone, (M, K,
+    d, d) (`jfmm.ops.p2p.near_field_hessian`), from `Kernel.hessian_pair`.
     """
     m, dim = tgt_sorted.shape
     n_k = q_sorted.shape[1]
@@ -161,16 +186,27 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     dt = tgt_sorted.dtype
     out_shape = [jax.ShapeDtypeStruct((n_tiles, n_k, t_sz), dt),
                  jax.ShapeDtypeStruct((n_tiles, n_k * dim if gradient else 1, t_sz), dt)]
+    if hessian:
+        out_shape = [jax.ShapeDtypeStruct((n_tiles, n_k * len(_PAIRS[dim]), t_sz), dt)]
     # Kernel parameters are traced values: they enter as inputs, not constants.
     leaves, treedef = jax.tree_util.tree_flatten(kernel)
     if any(jnp.ndim(leaf) for leaf in leaves):
         raise NotImplementedError("the Pallas P2P kernel takes scalar kernel parameters only")
     params = [jnp.reshape(jnp.asarray(leaf, dt), (1,)) for leaf in leaves]
     body = functools.partial(_kernel, treedef=treedef, width=width, n_k=n_k, dim=dim,
-                             blocks=blocks, gradient=gradient, interpret=interpret)
-    phi_t, grad_t = pl.pallas_call(
+                             blocks=blocks, gradient=gradient, interpret=interpret,
+                             hessian=hessian)
+    outs = pl.pallas_call(
         body, out_shape=out_shape, grid=(n_tiles,), interpret=interpret,
         compiler_params=compiler_params(blocks.num_warps, interpret))(meta, y, x, q, *params)
+    if hessian:                 # (tiles, K * pairs, T) -> (M, K, d, d), symmetric
+        upper = jnp.transpose(outs[0].reshape(n_tiles, n_k, -1, t_sz), (0, 3, 1, 2))
+        upper = ref.scatter_tiles(upper, None, t0, t1, m)[0]
+        index = np.zeros((dim, dim), np.int32)
+        for j, (a, b) in enumerate(_PAIRS[dim]):
+            index[a, b] = index[b, a] = j
+        return upper[..., index]
+    phi_t, grad_t = outs
     grad = None
     if gradient:  # (tiles, K * dim, T) -> (tiles, T, K, dim)
         grad = jnp.transpose(grad_t.reshape(n_tiles, n_k, dim, t_sz), (0, 3, 1, 2))
