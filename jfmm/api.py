@@ -112,8 +112,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     with gradient (the forward one and its adjoint, the FMM with sources and
     targets swapped), memory O(N + M); vmap over charges is one call with
     more charge columns; jax.jvp, jacfwd, Hessian-vector products and reverse
-    mode through gradient=True outputs differentiate the approximation in
-    forward mode (slower: jnp near field, one pass per derivative direction).
+    mode through gradient=True outputs differentiate the approximation:
+    second derivatives of charges' sums on one device's uniform tree from
+    the kernel's Hessian terms in the near field (Pallas on a GPU) and the
+    L2P in forward mode, other orders in forward mode through the jnp near
+    field (slower, one pass per derivative direction); pairs at distance 0
+    add nothing to any derivative.
     Derivatives with respect to kernel parameters (e.g. Gaussian epsilon)
     cost one forward-mode pass per parameter; outside jit the parameters'
     values choose the order, inside it a rule for any value (`order=`

@@ -8,8 +8,9 @@ c = 0..B,
 
 G(r) = K(|r|), D^n the n-th derivative tensor with respect to r (that is,
 with respect to the target), w_a (N, K, d^a) contracted with its first a
-indices. out_0 is the potential, out_1 its gradient. The sum is linear in the
-weights, and
+indices. out_0 is the potential, out_1 its gradient; a pair at distance 0
+adds K(0) to out_0 of charges (smooth kernels) and nothing else. The sum is
+linear in the weights, and
 
   * its transpose is the same sum with sources and targets swapped, weights
     u_c = (-1)^c ct_c and outputs of orders 0..A, times (-1)^a (G is even);
@@ -20,7 +21,8 @@ weights, and
 So jax.jvp, jax.grad, jacfwd, jacrev, vmap and higher orders all reduce to
 FMM calls, never to stored intermediates. Charges with potential and
 gradient (A = 0, B <= 1) run the fast path, `passes.evaluate` on the requested
-backend; other orders differentiate the fast path's approximation in forward
+backend, and their second derivatives (B = 2) `passes.hessian` on uniform
+trees; other orders differentiate the fast path's approximation in forward
 mode on the jnp backend (memory of a forward call; slower, used for forward
 mode and second derivatives).
 

@@ -10,7 +10,7 @@ potential psi_k(y) = (1/4 pi) sum_i alpha_ik G(|y - x_i|): one `jfmm.fmm`
 call with the three strength components as charge columns and gradient=True
 gives every velocity. The velocity gradient and stretching come from the
 same call differentiated along the target (`jfmm.primitive`: second
-derivatives of the approximation, in forward mode).
+derivatives of the approximation, `jfmm.passes.hessian`).
 
 Cores (`smoothing=`), with f and the stream kernel G (rho = r / s):
 
@@ -253,9 +253,9 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     leaf_size: as `jfmm.fmm`.
 
     Returns u (M, 3); with gradient=True also the velocity gradient (M, 3, 3)
-    with [m, i, j] = d u_i / d y_j, from the FMM's second derivatives in
-    forward mode on the jnp path (`jfmm.primitive`): one pass, but many
-    times a velocity sum on a GPU (docs/BENCHMARKS.md, "Vortex methods").
+    with [m, i, j] = d u_i / d y_j, from the FMM's second derivatives
+    (`jfmm.primitive`, `jfmm.passes.hessian`; on a GPU the time of
+    several velocity sums: docs/BENCHMARKS.md, "Vortex methods").
     That sum runs at eps / 5, which keeps the second derivatives within
     eps too (with eps=None, or where the family's floor
     (`jfmm.configure.floor`) or its estimate for the points stops above

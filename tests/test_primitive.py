@@ -129,6 +129,25 @@ def test_hessian_vector_product_of_energy(rng):
     assert rel(got, np.asarray(want)) < 100 * EPS
 
 
+@pytest.mark.parametrize("mode", ["jnp", "interpret"])
+def test_second_derivatives_along_targets(mode, rng, monkeypatch):
+    """The gradient output's derivative along per-target moves: near field
+    from the kernel's Hessian terms (the Pallas kernel in interpret mode),
+    far field from the L2P in forward mode, against numpy closed forms of
+    1/r's Hessian (pairs at distance 0 left out)."""
+    from jfmm.ops import backend
+    monkeypatch.setattr(backend, "_mode", mode)
+    x, q = points("cluster", 300, rng), charges(300, rng)
+    y, v = rng.random((120, 3)), rng.standard_normal((120, 3))
+    got = jax.jvp(lambda t: jfmm.fmm(x, q, t, eps=1e-6, gradient=True, leaf_size=4)[1],
+                  (y,), (v,))[1]
+    d = y[:, None] - x[None]
+    r2 = (d * d).sum(-1)
+    hv = -v[:, None] * r2[..., None] ** -1.5 + 3 * d * (d * v[:, None]).sum(-1, keepdims=True) \
+        * r2[..., None] ** -2.5
+    assert rel(got, np.einsum("mnj,n->mj", hv, q)) < 1e-5
+
+
 def test_grad_through_gradient_output(rng):
     """Reverse mode through the field: loss of grad phi (needs Hessians),
     with respect to sources, charges and separate targets."""
