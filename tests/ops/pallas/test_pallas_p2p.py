@@ -257,12 +257,14 @@ def test_smooth_user_kernel_direct(mode, rng):
     kernels.Yukawa(2.0), kernels.Laplace2D(), kernels.Radial(lambda r: -jnp.cos(r))],
     ids=lambda k: type(k).__name__)
 def test_kernel_lowers_to_triton(kernel):
-    """Every kernel's P2P lowers for the GPU (Triton), checked here by
-    lowering for the cuda platform on the CPU: interpret mode alone missed
-    that -r (Linear's K(0) = -0, a literal) did not lower."""
+    """Every kernel's P2P lowers for the GPU (Triton), its Hessian mode too,
+    checked here by lowering for the cuda platform on the CPU: interpret
+    mode alone missed that -r (Linear's K(0) = -0, a literal) did not lower."""
     d = kernel.dims[-1]
     x = jnp.zeros((64, d), jnp.float32)
     q = jnp.zeros((64, 2), jnp.float32)
+    h = jax.jit(lambda a, c: backend.dense(kernel, a, a, c, False, "pallas", hessian=True))
+    h.trace(x, q).lower(lowering_platforms=("cuda",))
     f = jax.jit(lambda a, c: backend.dense(kernel, a, a, c, True, "pallas"))
     text = f.trace(x, q).lower(lowering_platforms=("cuda",)).as_text()
     if kernel.dims == (3,) and type(kernel).__name__ in ("Laplace3D", "Multiquadric", "Yukawa"):
