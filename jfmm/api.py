@@ -23,7 +23,9 @@ from jfmm.tree import adaptive as _adaptive
 
 @functools.partial(jax.jit, static_argnames=("gradient", "mode"))
 def _direct(sources, charges, targets, kernel, gradient, mode):
-    return backend.dense(kernel, targets, sources, charges, gradient, mode)
+    q, layout = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
+    phi, grad = backend.dense(kernel, targets, sources, q, gradient, mode)
+    return _inputs.finish(phi, grad, layout, gradient)
 
 
 def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient=False):
@@ -43,9 +45,8 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
     (gradients too).
     """
     kernel = _inputs.kernel_of(kernel)
-    sources, charges, targets, layout = _inputs.prepare(sources, charges, targets, kernel)
-    phi, grad = _direct(sources, charges, targets, kernel, gradient, backend.current())
-    return _inputs.finish(phi, grad, layout, gradient)
+    sources, targets = _inputs.points_of(sources, targets, kernel)
+    return _direct(sources, charges, targets, kernel, gradient, backend.current())
 
 
 # ------------------------------------------------------------------ fmm
@@ -257,7 +258,8 @@ class Plan:
         if gradient and not self.config.gradient:
             raise ValueError("this plan's order keeps phi's error within eps, not the "
                              "gradient's: make it with jfmm.plan(..., gradient=True)")
-        if _configure.concrete(self.overflow) and bool(self.overflow):
+        overflow = getattr(self.tree, "overflow", False)      # uniform trees: never
+        if _configure.concrete(overflow) and bool(overflow):
             raise RuntimeError("the points moved beyond the capacities this plan's adaptive "
                                "tree was sized for (Plan.update): make a new plan from them "
                                "with jfmm.plan(...)")
@@ -270,10 +272,8 @@ class Plan:
                                "jfmm.plan(...)")
         if self.config.mesh is not None:
             charges = _distributed.on_mesh(charges, self.config.mesh)
-        q, layout = _inputs.charges_of(charges, self.tree.src_perm.shape[0],
-                                       self.tree.src_sorted.dtype)
-        phi, grad = _call(_apply_jits, self, q, gradient=gradient, mode=backend.current())
-        return _inputs.finish(phi, grad, layout, gradient)
+        phi, grad = _call(_apply_jits, self, charges, gradient=gradient, mode=backend.current())
+        return (phi, grad) if gradient else phi
 
     def update(self, sources, targets=None):
         """Rebuild the tree for new points of the same shapes (jit-able).
@@ -304,7 +304,13 @@ class Plan:
 
 
 def _apply(plan_, charges, gradient, mode):
-    return _bind(plan_.tree, plan_.ops, plan_.kernel, charges, plan_.config, gradient, mode)
+    """The plan's sums of charges (N,) or (N, k), real or complex, in their
+    layout (the casts and reshapes inside the jit: an eager call of a small
+    plan costs about a direct sum's)."""
+    q, layout = _inputs.charges_of(charges, plan_.tree.src_perm.shape[0],
+                                   plan_.tree.src_sorted.dtype)
+    phi, grad = _bind(plan_.tree, plan_.ops, plan_.kernel, q, plan_.config, gradient, mode)
+    return _inputs.finish(phi, grad, layout, True)
 
 
 _apply_jits = backend.jits(_apply, ("gradient", "mode"))
@@ -338,8 +344,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     if mesh is not None:
         mesh = _distributed.check_mesh(mesh)
         sources, targets = (_distributed.on_mesh(x, mesh) for x in (sources, targets))
-    dummy = jnp.zeros(jnp.shape(sources)[:1], jnp.float32)      # the points set the dtype
-    sources, _, targets, _ = _inputs.prepare(sources, dummy, targets, kernel)
+    sources, targets = _inputs.points_of(sources, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree)
     config = _configure.choose_tree(config, sources, targets, tree).with_mesh(mesh)

@@ -84,9 +84,9 @@ def charges_of(charges, n: int, dtype):
     return charges.astype(dtype), layout
 
 
-def prepare(sources, charges, targets, kernel):
-    """Validate and cast. Returns (sources, charges (N, K), targets | None,
-    Layout), all in `working_dtype`."""
+def points_of(sources, targets, kernel):
+    """Validate the points and cast them to `working_dtype`: (sources,
+    targets | None)."""
     kernel = kernel_of(kernel)
     sources = check_points("sources", sources, kernel.dims)
     if targets is not None:
@@ -95,9 +95,14 @@ def prepare(sources, charges, targets, kernel):
             raise ValueError(f"sources are {sources.shape[1]}D but targets are "
                              f"{targets.shape[1]}D")
     dtype = working_dtype(sources, *([] if targets is None else [targets]))
-    charges, layout = charges_of(charges, sources.shape[0], dtype)
-    sources = sources.astype(dtype)
-    targets = None if targets is None else targets.astype(dtype)
+    return sources.astype(dtype), None if targets is None else targets.astype(dtype)
+
+
+def prepare(sources, charges, targets, kernel):
+    """Validate and cast. Returns (sources, charges (N, K), targets | None,
+    Layout), all in `working_dtype`."""
+    sources, targets = points_of(sources, targets, kernel)
+    charges, layout = charges_of(charges, sources.shape[0], sources.dtype)
     return sources, charges, targets, layout
 
 
