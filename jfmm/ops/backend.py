@@ -45,6 +45,11 @@ _blocks = pallas_p2p.Blocks()
 # All pairs (jfmm.direct): one long source range per tile, where 8 x 32 tiles
 # beat the near field's 8 x 16 (docs/design.md, "Near field").
 _dense_blocks = pallas_p2p.Blocks(8, 32)
+# Second derivatives (6 sums a charge column in 3D): 8 x 8 tiles. H100,
+# float64, all pairs of 2^15 vortex elements, 3 columns, gradient and
+# Hessian: 11.6 ms against 14.2-14.3 at 8 x 16, 16 x 8, 4 x 32, 16 x 16
+# and 36.8 at 8 x 32.
+_hessian_blocks = pallas_p2p.Blocks(8, 8)
 # The M2L of the Pallas backends: "bf16x6" (the jnp operator with its
 # float32 products as six bfloat16 products on tensor cores), "float32" (the
 # jnp operator as on the CPU) or Pallas M2L tiles.
@@ -55,17 +60,18 @@ _m2l: str | pallas_m2l.Tiles = "bf16x6"
 def set_backend(mode: str, blocks: pallas_p2p.Blocks | None = None,
                 m2l: pallas_m2l.Tiles | str | None = None) -> None:
     """Choose the backend (see module docstring) and, optionally, the tile
-    sizes of the Pallas P2P (near field and all pairs alike) and the M2L
+    sizes of the Pallas P2P (near field, all pairs and their second
+    derivatives alike) and the M2L
     of the Pallas backends (one of M2L_CHOICES or Pallas M2L tiles). Tiles
     and the M2L choice are read when a call is traced and are not part of
     jit cache keys: they apply to functions traced afterwards (all give the
     same sums to within their measured errors)."""
-    global _mode, _blocks, _dense_blocks, _m2l
+    global _mode, _blocks, _dense_blocks, _hessian_blocks, _m2l
     if mode not in MODES:
         raise ValueError(f"backend must be one of {MODES}, got {mode!r}")
     _mode = mode
     if blocks is not None:
-        _blocks = _dense_blocks = blocks
+        _blocks = _dense_blocks = _hessian_blocks = blocks
     if m2l is not None:
         if not isinstance(m2l, pallas_m2l.Tiles) and m2l not in M2L_CHOICES:
             raise ValueError(f"m2l must be one of {M2L_CHOICES} or Tiles, got {m2l!r}")
@@ -103,8 +109,8 @@ def near_field_hessian(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
         return p2p.near_field_hessian(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
                                       src_start, near)
     return pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
-                                 near, False, blocks=_blocks, interpret=mode == "interpret",
-                                 hessian=True)
+                                 near, False, blocks=_hessian_blocks,
+                                 interpret=mode == "interpret", hessian=True)
 
 
 # All pairs run with the r = 0 select everywhere unless there are this many
@@ -131,7 +137,7 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str, hessian:
     m, n = y.shape[0], sources.shape[0]
     t_start = jnp.array([0, m, m], jnp.int32)
     s_start = jnp.array([0, n, n], jnp.int32)
-    blocks = _blocks if hessian else _dense_blocks      # fewer registers per pair tile
+    blocks = _hessian_blocks if hessian else _dense_blocks
     _, t0, t1 = p2p.leaf_tiles(t_start, m, blocks.targets)
     g0, g1 = jnp.zeros_like(t0), jnp.full_like(t1, n)        # every source row
     check = m * n >= DENSE_CHECK_RATIO * (m + n)
