@@ -14,7 +14,7 @@ together set how much the fit smooths the noise): each step is
 whose solve differentiates implicitly (one adjoint solve). Prints the
 validation error before and after and the time of each step, and saves
 rbf_fit.png: the function, the fit and its error on the slice z = 0.5.
-About 20 s on a 2-core CPU at the default size (compilation included).
+About 35 s on a 2-core CPU at the default size (compilation included).
 """
 import argparse
 import time
