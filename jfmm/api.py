@@ -54,7 +54,8 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
     """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None.
     A configuration with a fallback (traced points, `Config.fallback`)
-    sums with it where the leaves come out smaller than its reach."""
+    sums with it where its own does not fit the points
+    (`configure.series_fit`)."""
     if config.fallback is not None:
         run = functools.partial(_fmm_eval, sources, charges, targets, kernel,
                                 gradient=gradient, mode=mode)

@@ -182,7 +182,6 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     return scatter_tiles(phi_t, grad_t, t0, t1, m)
 
 
-
 def _along_targets(grad, y):
     """d grad(y + s) / d s at s = 0 (forward mode, d directions): (M, K, d, d)."""
     return jax.jacfwd(lambda shift: grad(y + shift))(jnp.zeros(y.shape[1], y.dtype))
