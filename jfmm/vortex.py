@@ -33,10 +33,13 @@ for any points). The last two cores are 1/r beyond a distance R (s, and
 for the Gaussian core where G'' is 2/r^3 to eps/10: (1 + 3x/2) exp(-x) <
 eps/10, x = (R/s)^3; `Kernel.laplace_beyond`): the spherical-harmonic
 series carry their far field and the near field sums G itself, on leaves
-no smaller than R. Points known when the sum is set up take fewer levels
-where needed; for traced points (`step` under jit) both the series and
-Chebyshev are compiled, and Chebyshev sums where the leaves come out
-smaller than R.
+no smaller than R, at eps times the ratio of the sums' norms to 1/r's
+(`jfmm.configure.core_ratio`: a core makes them smaller). Points known
+when the sum is set up take fewer levels where needed and their own
+ratio; for traced points (`step` under jit) the series assume a ratio of
+0.1, and all pairs are summed directly where the leaves come out smaller
+than R or the ratio smaller (`jfmm.configure.series_fit`; both are
+compiled).
 Pairs at distance 0 are left out: the singular law's self
 term, and a smoothed core's own term, which is 0 for u and, in the velocity
 gradient, the antisymmetric -f(0)/(4 pi) [alpha]x, which does not stretch.
