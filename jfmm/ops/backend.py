@@ -46,9 +46,9 @@ _blocks = pallas_p2p.Blocks()
 # beat the near field's 8 x 16 (docs/design.md, "Near field").
 _dense_blocks = pallas_p2p.Blocks(8, 32)
 # Second derivatives (6 sums a charge column in 3D): 8 x 8 tiles. H100,
-# float64, all pairs of 2^15 vortex elements, 3 columns, gradient and
-# Hessian: 11.6 ms against 14.2-14.3 at 8 x 16, 16 x 8, 4 x 32, 16 x 16
-# and 36.8 at 8 x 32.
+# float64, all pairs of 2^15 vortex elements, 3 columns, the second
+# derivatives (a jvp's tangent, its primal unused): 11.6 ms against
+# 14.2-14.3 at 8 x 16, 16 x 8, 4 x 32, 16 x 16 and 36.8 at 8 x 32.
 _hessian_blocks = pallas_p2p.Blocks(8, 8)
 # The M2L of the Pallas backends: "bf16x6" (the jnp operator with its
 # float32 products as six bfloat16 products on tensor cores), "float32" (the
