@@ -300,6 +300,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
                                       explicit=family == "hermite")
     if family == "hermite":
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
+    if family == "auto" and _cored(kernel, dim):    # its own eps for the series' order
+        return _core_config(kernel, eps, order, gradient, sources, targets, points)
     try:
         choice = model.choose(kernel, eps, dtype, points, order, gradient)
     except ValueError:
@@ -311,8 +313,6 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         return Config(None, choice.order, choice.depth, eps)
     if gauss is not None:
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
-    if family == "auto" and _cored(kernel, dim):
-        return _core_config(kernel, eps, order, gradient, sources, targets, points)
     return Config(fam, choice.order, choice.depth, eps, gradient)
 
 

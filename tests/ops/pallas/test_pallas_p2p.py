@@ -307,7 +307,6 @@ def test_kernel_lowers_to_triton_in_float64(kernel):
         assert "fma.rn.f64" in f.trace(x, q).lower(lowering_platforms=("cuda",)).as_text()
 
 
-
 def _hessian_reference(kernel, x, q, y):
     """float64 numpy sum_i q_i (A I + B r r^T), r = y - x_i, from each
     kernel's closed-form A = K'(r)/r and B = (K''(r) - K'(r)/r)/r^2; r = 0
