@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import charges, points, rel
+from conftest import charges, points, radial_reference, rel
 from numpy.polynomial import hermite as nph
 
 import jfmm
@@ -58,10 +58,21 @@ def test_matches_direct(dim, kind, separate, epsilon, eps, dtype, rng):
     assert jfmm.plan(cast[0], cast[2], kernel=kern, eps=eps).family == "hermite"
     phi, grad = jfmm.fmm(*cast, kernel=kern, eps=eps, gradient=True)
     assert phi.dtype == dtype
-    ref, gref = jfmm.direct(*[None if a is None else np.asarray(a, np.float64) for a in cast],
-                            kernel=kern, gradient=True)
+    ref, gref = radial_reference(kern, *[None if a is None else np.asarray(a, np.float64)
+                                         for a in cast])
     assert rel(phi, ref) <= eps, rel(phi, ref)
-    assert rel(grad, gref) <= 10 * eps, rel(grad, gref)
+    assert rel(grad, gref) <= eps, rel(grad, gref)
+
+
+def test_gradient_within_eps_on_clusters(rng):
+    """A gradient asked for meets eps where the points crowd a few boxes of
+    the grid (its estimate once measured 1.24x low there, at eps 1e-3)."""
+    kern = K.Gaussian(0.7)
+    for _ in range(3):
+        x, q, y = points("cluster", 700, rng, 3), charges(700, rng), points("cluster", 300, rng, 3)
+        phi, grad = jfmm.fmm(x, q, y, kernel=kern, eps=1e-3, gradient=True, family="hermite")
+        ref, gref = radial_reference(kern, x, q, y)
+        assert rel(phi, ref) <= 1e-3 and rel(grad, gref) <= 1e-3, (rel(phi, ref), rel(grad, gref))
 
 
 def test_derivatives(rng):
