@@ -141,7 +141,10 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     family="hermite" asks for the Gauss transform); below the crossover
     measured per backend (`configure.DIRECT_PAIRS`) the direct sum. Orders come from each
     family's error model for eps, or from `order` (for Chebyshev: nodes per
-    dimension). Smallest eps, each tested at that value: float64 3D
+    dimension); the 3D Laplace series' error weighed by the share of the
+    sums its far field carries on these points (`configure.on_uniform`:
+    crowded points, on a sphere's surface or in clusters, take lower
+    orders; plans keep orders for any points). Smallest eps, each tested at that value: float64 3D
     Laplace 8.5e-11, 2D Laplace 4.8e-14, Chebyshev 1e-12 in 2D and 1e-10 in
     3D where the kernel's estimate reaches them; float32 3e-6 for the
     Laplace series, 2e-5 for Chebyshev and the fast Gauss transform.
@@ -178,7 +181,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         if remembered is not None:
             return remembered.apply(charges, gradient)
     config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
-    config = _configure.choose_tree(config, sources, targets, tree).with_mesh(mesh)
+    config = _configure.choose_tree(config, sources, targets, tree)
+    config = _configure.on_uniform(config, kernel, sources, targets, order).with_mesh(mesh)
     if config.tree == "adaptive":
         pl = _new_plan(sources, targets, kernel, config, order)
         phi, grad = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
@@ -213,8 +217,8 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
         del _PLANS[4:]
         return None
     if pl is None and make:
-        pl = plan(sources, targets, kernel, eps, leaf_size=leaf_size, order=order,
-                  family=family, gradient=gradient, tree=tree, mesh=mesh)
+        pl = _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree,
+                   mesh, fixed=True)
         _PLANS[i] = (refs, opts, pl)
     return pl
 
@@ -339,7 +343,17 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     gradient=True: an order whose gradients (`apply(q, gradient=True)`,
     derivatives along point moves) meet eps too; else phi's alone. tree:
     "uniform", "adaptive" or "auto"; mesh: the devices to shard over (see
-    `fmm`)."""
+    `fmm`). The order serves any points of these sizes that `update` may
+    bring (for kernels with a length scale, of about the same extent); an
+    eager `fmm` call may take a lower one for crowded points
+    (`configure.on_uniform`)."""
+    return _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree, mesh)
+
+
+def _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree, mesh,
+          fixed=False):
+    """`plan`; fixed: for these points alone (eager calls' plans), whose
+    3D Laplace order may weigh their far field's share (`on_uniform`)."""
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
     if mesh is not None:
@@ -348,5 +362,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     sources, targets = _inputs.points_of(sources, targets, kernel)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree)
-    config = _configure.choose_tree(config, sources, targets, tree).with_mesh(mesh)
-    return _new_plan(sources, targets, kernel, config, order)
+    config = _configure.choose_tree(config, sources, targets, tree)
+    if fixed:
+        config = _configure.on_uniform(config, kernel, sources, targets, order)
+    return _new_plan(sources, targets, kernel, config.with_mesh(mesh), order)

@@ -30,7 +30,7 @@ from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm._compat import Tracer, known_value
 from jfmm.tree import adaptive as _adaptive
-from jfmm.models import Points, Sample, check_floor
+from jfmm.models import Points, Sample, check_floor, uniform_shares
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
@@ -181,6 +181,36 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
     count = max(x.shape[0] for x in pts)
     leaf = max(8, ADAPTIVE_LEAF * -(-count // 2 ** (sources.shape[1] * config.depth)))
     return dataclasses.replace(config, tree="adaptive", leaf=leaf)
+
+
+@functools.lru_cache(maxsize=None)
+def _cube_share(dim: int, depth: int) -> float:
+    """The far field's share of sum 1/r^2 on evenly spread points (a fixed
+    draw of 16,384 in the unit cube) on the uniform tree of `depth`."""
+    x = jnp.asarray(np.random.default_rng(0).random((16384, dim)), jnp.float32)
+    with jax.ensure_compile_time_eval():
+        return float(uniform_shares(_kernels.Laplace3D(), x, None, depth)[1][0])
+
+
+def on_uniform(config: Config, kernel, sources, targets, order=None) -> Config:
+    """The configuration for concrete points on a uniform tree: the 3D
+    Laplace series' order from an error weighed by the far field's share of
+    the sums (`laplace3d.far_factor`): where the points crowd the tree's
+    leaves (a sphere's surface, clusters) the near field, which is exact,
+    carries most of them. Never a higher order; a caller's `order`, traced
+    points, cored kernels and trees of depth < 2 keep theirs."""
+    pts = [sources] + ([] if targets is None else [targets])
+    if (config.tree != "uniform" or config.name != "laplace3d" or order is not None
+            or config.reach or config.depth < 2 or not all(concrete(x) for x in pts)):
+        return config
+    with jax.ensure_compile_time_eval():
+        share = float(uniform_shares(_kernels.Laplace3D(), sources, targets, config.depth)[1][0])
+    far = laplace3d_model.far_factor(share, _cube_share(sources.shape[1], config.depth))
+    n_src = sources.shape[0]
+    n_tgt = n_src if targets is None else targets.shape[0]
+    p = laplace3d_model.order_for_eps(config.eps, sources.dtype, (n_src * n_tgt) ** 0.5,
+                                      config.gradient, far)
+    return dataclasses.replace(config, order=min(p, config.order))
 
 
 def on_tree(config: Config, tree, kernel, sources, targets, order=None) -> Config:

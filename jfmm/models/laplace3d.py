@@ -1,18 +1,27 @@
 """The 3D Laplace family's error model: the order for eps, the leaf size."""
 from __future__ import annotations
 
+import numpy as np
+
 from jfmm.models import Choice, Points, choose_order, series_choice
 
 
 # Typical relative L2 error of the potential per order p (float64, N = 20,000,
 # worst of uniform cube, sphere surface and clusters, default leaf size;
-# docs/BENCHMARKS.md), used with a margin of 4 for larger N (more levels) and
-# float32 rounding.
-_ERROR_BY_ORDER = {3: 4.2e-3, 4: 1.4e-3, 5: 4.3e-4, 6: 1.5e-4, 7: 5.4e-5, 8: 2.1e-5,
-                   9: 8.5e-6, 10: 3.4e-6, 11: 1.6e-6, 12: 6.7e-7, 14: 1.2e-7, 16: 3.0e-8,
-                   18: 7.4e-9, 20: 2.2e-9, 22: 5.7e-10, 24: 1.8e-10, 26: 7.3e-11,
-                   28: 2.9e-11, 30: 9.6e-12}
-_SAFETY = 4.0
+# docs/BENCHMARKS.md), used with margins for larger N (more levels) and
+# float32 rounding (below); points that crowd the tree's leaves err less
+# (`far_factor`).
+_MEASURED = {3: 4.2e-3, 4: 1.4e-3, 5: 4.3e-4, 6: 1.5e-4, 7: 5.4e-5, 8: 2.1e-5, 9: 8.5e-6,
+             10: 3.4e-6, 11: 1.6e-6, 12: 6.7e-7, 14: 1.2e-7, 16: 3.0e-8, 18: 7.4e-9,
+             20: 2.2e-9, 22: 5.7e-10, 24: 1.8e-10, 26: 7.3e-11, 28: 2.9e-11, 30: 9.6e-12}
+# odd orders above 12 between their neighbours (the error falls geometrically)
+_ERROR_BY_ORDER = {**_MEASURED, **{p: (_MEASURED[p - 1] * _MEASURED[p + 1]) ** 0.5
+                                   for p in range(13, 30, 2)}}
+# Measured over typical errors on uniform points, the worst case: phi 1.7 at
+# N = 16,384 (p = 14) and 1.8-1.9 at 2^20 (p = 8, 11, 14; float32 and
+# float64, H100), grad over 2.5 typical 2.7-2.8 at 2^20 (p = 12, 16): the
+# margins 2.5 and 4 (docs/BENCHMARKS.md, "Calibration").
+_SAFETY, _GRADIENT_SAFETY = 2.5, 4.0
 # The typical error falls about 0.58x per order, but a rare source-target pair
 # near the facing corners of boxes one box apart converges only about 0.69x
 # per order (the worst case is 0.87x). In small sets one such pair sets the
@@ -50,12 +59,14 @@ def _error_bound(p: int, points: float | None = None, gradient: bool = False) ->
         tail *= (_TAIL_POINTS / points) ** (1.0 if points < _TAIL_POINTS else 0.5)
         if gradient and points < _TAIL_POINTS:
             tail *= _GRADIENT_FACTOR
-    typical = _ERROR_BY_ORDER.get(p, 0.0) * (_GRADIENT_FACTOR if gradient else 1.0)
+    typical = _ERROR_BY_ORDER.get(p, 0.0)
+    if gradient:
+        typical = max(typical, _GRADIENT_SAFETY / _SAFETY * _GRADIENT_FACTOR * typical)
     return max(_SAFETY * typical, tail)
 
 
-# float32 rounding sets a floor near 4e-7 (measured); p = 12 with the margin
-# gives 3e-6.
+# float32 rounding sets a floor near 4e-7 for phi (measured) and 1-2e-6 for
+# grad phi (2^20 points): 3e-6.
 EPS_FLOOR = {"float32": 3e-6, "float64": _error_bound(MAX_ORDER)}
 
 
@@ -68,16 +79,32 @@ def leaf_size(p: int) -> int:
     return max(32, int(0.5 * p * p))
 
 
-def order_for_eps(eps: float, dtype, points: float | None = None, gradient: bool = False) -> int:
+def order_for_eps(eps: float, dtype, points: float | None = None, gradient: bool = False,
+                  far: float = 1.0) -> int:
     """Expansion order p for a requested relative L2 error eps of phi (and,
     with gradient, of grad phi), for N sources and M targets with
-    sqrt(N M) = points (None: large sets).
+    sqrt(N M) = points (None: large sets); far: the factor on the error
+    where the far field carries less of the sums than on uniform points
+    (`far_factor`).
 
     Raises ValueError if eps is below what `dtype` (or the largest tabulated
     order) can reach.
     """
-    return choose_order(eps, dtype, EPS_FLOOR, ORDERS, lambda p: _error_bound(p, points, gradient),
+    return choose_order(eps, dtype, EPS_FLOOR, ORDERS,
+                        lambda p: far * _error_bound(p, points, gradient),
                         "the 3D Laplace family")
+
+
+def far_factor(share: float, cube_share: float) -> float:
+    """The error's factor on points whose far field carries `share` of
+    sum 1/r^2 (`jfmm.models.uniform_shares`) where uniform points carry
+    `cube_share` on the same tree: a translated pair errs in proportion to
+    1/r, so the relative error scales with the square root of the share
+    (never above 1: the table's points are the worst case it assumes).
+    CPU, N = 16,384 on the uniform tree, float64 (docs/BENCHMARKS.md):
+    a sphere's surface carries about a quarter of the cube's share,
+    clusters of sd 1e-3 a billionth."""
+    return float(min(1.0, np.sqrt(max(share, 0.0) / cube_share)))
 
 
 def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
