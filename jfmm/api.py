@@ -182,7 +182,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
             return remembered.apply(charges, gradient)
     config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
     config = _configure.choose_tree(config, sources, targets, tree)
-    config = _configure.on_uniform(config, kernel, sources, targets, order).with_mesh(mesh)
+    config = _configure.on_uniform(config, kernel, sources, targets, order,
+                                   leaf_size).with_mesh(mesh)
     if config.tree == "adaptive":
         pl = _new_plan(sources, targets, kernel, config, order)
         phi, grad = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
@@ -364,5 +365,5 @@ def _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tre
                                       gradient, tree)
     config = _configure.choose_tree(config, sources, targets, tree)
     if fixed:
-        config = _configure.on_uniform(config, kernel, sources, targets, order)
+        config = _configure.on_uniform(config, kernel, sources, targets, order, leaf_size)
     return _new_plan(sources, targets, kernel, config.with_mesh(mesh), order)

@@ -30,7 +30,7 @@ from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm._compat import Tracer, known_value
 from jfmm.tree import adaptive as _adaptive
-from jfmm.models import Points, Sample, check_floor, uniform_shares
+from jfmm.models import Points, Sample, check_floor, depth_for, uniform_shares
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
@@ -192,25 +192,37 @@ def _cube_share(dim: int, depth: int) -> float:
         return float(uniform_shares(_kernels.Laplace3D(), x, None, depth)[1][0])
 
 
-def on_uniform(config: Config, kernel, sources, targets, order=None) -> Config:
+def on_uniform(config: Config, kernel, sources, targets, order=None,
+               leaf_size=None) -> Config:
     """The configuration for concrete points on a uniform tree: the 3D
     Laplace series' order from an error weighed by the far field's share of
     the sums (`laplace3d.far_factor`): where the points crowd the tree's
     leaves (a sphere's surface, clusters) the near field, which is exact,
-    carries most of them. Never a higher order; a caller's `order`, traced
-    points, cored kernels and trees of depth < 2 keep theirs."""
+    carries most of them. The depth follows the order (unless `leaf_size`
+    is given), and the share is that of the tree the order is chosen for.
+    Never a higher order; a caller's `order`, traced points, cored kernels
+    and trees of depth < 2 keep theirs."""
     pts = [sources] + ([] if targets is None else [targets])
     if (config.tree != "uniform" or config.name != "laplace3d" or order is not None
             or config.reach or config.depth < 2 or not all(concrete(x) for x in pts)):
         return config
-    with jax.ensure_compile_time_eval():
-        share = float(uniform_shares(_kernels.Laplace3D(), sources, targets, config.depth)[1][0])
-    far = laplace3d_model.far_factor(share, _cube_share(sources.shape[1], config.depth))
-    n_src = sources.shape[0]
+    n_src, dim = sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
-    p = laplace3d_model.order_for_eps(config.eps, sources.dtype, (n_src * n_tgt) ** 0.5,
-                                      config.gradient, far)
-    return dataclasses.replace(config, order=min(p, config.order))
+    points = Points(n_src, n_tgt, n_src + (0 if targets is None else n_tgt), dim, leaf_size,
+                    None)
+
+    def order_at(depth):
+        with jax.ensure_compile_time_eval():
+            share = float(uniform_shares(_kernels.Laplace3D(), sources, targets, depth)[1][0])
+        far = laplace3d_model.far_factor(share, _cube_share(dim, depth))
+        return min(config.order, laplace3d_model.order_for_eps(
+            config.eps, sources.dtype, (n_src * n_tgt) ** 0.5, config.gradient, far))
+
+    p, depth = order_at(config.depth), config.depth
+    moved = depth_for(points, laplace3d_model.leaf_size(p))
+    if moved != depth and moved >= 2:       # the order for the tree it takes
+        p, depth = order_at(moved), moved
+    return dataclasses.replace(config, order=p, depth=depth)
 
 
 def on_tree(config: Config, tree, kernel, sources, targets, order=None) -> Config:
