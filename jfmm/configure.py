@@ -552,6 +552,12 @@ _FLOORS = {"laplace3d": laplace3d_model.EPS_FLOOR, "laplace2d": laplace2d_model.
            "chebyshev": chebyshev_model.ROUNDING_FLOOR}
 
 
+def below_crossover(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float) -> bool:
+    """Whether a call of these sizes with no order, leaf size or tree given
+    sums all pairs (`DIRECT_PAIRS`)."""
+    return _direct(kernel, dim, dtype, n_src, n_tgt, eps, None, None, "auto")
+
+
 def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float, order, leaf_size,
             family, tree="auto") -> bool:
     """Whether "auto" (no order, leaf size or tree given) sums directly:

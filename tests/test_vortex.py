@@ -114,6 +114,29 @@ def test_cores_beyond_which_the_kernel_is_laplace(rng):
         jfmm.plan(x, None, kernel, eps, tree="adaptive")
 
 
+def test_second_derivatives_take_the_fmm_above_their_crossover(rng, monkeypatch):
+    """Where `jfmm.fmm` would sum all pairs, second derivatives from
+    _SECOND_PAIRS pairs on take the FMM on leaves of _SECOND_LEAF points
+    (their all-pairs Hessian terms cost more), within eps of Biot-Savart."""
+    from jfmm import configure
+    n, eps, core = 800, 1e-5, 0.02
+    x, a = rng.random((n, 3)), rng.standard_normal((n, 3)) / n
+    monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {("laplace3d", 3, "float64"):
+                                                            (2 ** 40, 1e-6)}})
+    monkeypatch.setattr(vortex, "_SECOND_PAIRS", n * n)
+    kernel = vortex.stream_kernel("polynomial", core)
+    assert vortex._second_leaf(None, kernel, eps, jnp.asarray(x), None) == vortex._SECOND_LEAF
+    assert vortex._second_leaf(None, kernel, eps, jnp.asarray(x[:-1]), None) is None
+    chosen = []
+    resolve = configure.resolve
+    monkeypatch.setattr(configure, "resolve",
+                        lambda *args, **kw: chosen.append(resolve(*args, **kw)) or chosen[-1])
+    u, s = vortex.stretching(x, a, core=core, smoothing="polynomial", eps=eps)
+    assert chosen and all(c.name == "laplace3d" and c.depth >= 2 for c in chosen)
+    ref_u, ref_du = biot_savart(x, a, x, "polynomial", core)
+    assert rel(u, ref_u) < eps and rel(s, np.einsum("mij,mj->mi", ref_du, a)) < eps
+
+
 def test_gaussian_core_reach():
     """Beyond its reach the Gaussian core's G, G' and G'' are 1/r's to the
     tolerance asked (float64 against the closed forms)."""
