@@ -10,7 +10,9 @@ potential psi_k(y) = (1/4 pi) sum_i alpha_ik G(|y - x_i|): one `jfmm.fmm`
 call with the three strength components as charge columns and gradient=True
 gives every velocity. The velocity gradient and stretching come from the
 same call differentiated along the target (`jfmm.primitive`: second
-derivatives of the approximation, `jfmm.passes.hessian`).
+derivatives of the approximation, `jfmm.passes.hessian`); these take the
+FMM from 2^28 pairs on even where `jfmm.fmm` would sum all pairs
+(`_second_leaf`).
 
 Cores (`smoothing=`), with f and the stream kernel G (rho = r / s):
 
