@@ -22,6 +22,10 @@ _ERROR_BY_ORDER = {**_MEASURED, **{p: (_MEASURED[p - 1] * _MEASURED[p + 1]) ** 0
 # float64, H100), grad over 2.5 typical 2.7-2.8 at 2^20 (p = 12, 16): the
 # margins 2.5 and 4 (docs/BENCHMARKS.md, "Calibration").
 _SAFETY, _GRADIENT_SAFETY = 2.5, 4.0
+# Adaptive trees translate over more levels: phi measured 2.5-2.7x typical
+# there (H200, 2^20 points: Plummer 9.05e-6 at p = 10, 7.4e-7 at p = 13;
+# clusters 1.65e-6 at p = 12, H100), so their potential's margin is 3.75.
+_ADAPTIVE_SAFETY = 3.75
 # The typical error falls about 0.58x per order, but a rare source-target pair
 # near the facing corners of boxes one box apart converges only about 0.69x
 # per order (the worst case is 0.87x). In small sets one such pair sets the
@@ -50,19 +54,22 @@ ORDERS = tuple(sorted(_ERROR_BY_ORDER)) + (32, 34, 36)
 MAX_ORDER = ORDERS[-1]
 
 
-def _error_bound(p: int, points: float | None = None, gradient: bool = False) -> float:
+def _error_bound(p: int, points: float | None = None, gradient: bool = False,
+                 adaptive: bool = False) -> float:
     """The error the order rule assumes at order p (typical and tail, with
     margins) for sqrt(N M) = points (None: the 3,000-point tail, a bound for
-    any larger set), of phi or (also) of its gradient."""
+    any larger set), of phi or (also) of its gradient, on a uniform or an
+    adaptive tree."""
     tail = _TAIL_MARGIN * _TAIL_P30 * _TAIL_RATE ** (p - 30)
     if points is not None:           # above 3,000 points: such pairs at many targets
         tail *= (_TAIL_POINTS / points) ** (1.0 if points < _TAIL_POINTS else 0.5)
         if gradient and points < _TAIL_POINTS:
             tail *= _GRADIENT_FACTOR
     typical = _ERROR_BY_ORDER.get(p, 0.0)
+    bound = (_ADAPTIVE_SAFETY if adaptive else _SAFETY) * typical
     if gradient:
-        typical = max(typical, _GRADIENT_SAFETY / _SAFETY * _GRADIENT_FACTOR * typical)
-    return max(_SAFETY * typical, tail)
+        bound = max(bound, _GRADIENT_SAFETY * _GRADIENT_FACTOR * typical)
+    return max(bound, tail)
 
 
 # float32 rounding sets a floor near 4e-7 for phi (measured) and 1-2e-6 for
@@ -84,18 +91,18 @@ def leaf_size(p: int) -> int:
 
 
 def order_for_eps(eps: float, dtype, points: float | None = None, gradient: bool = False,
-                  far: float = 1.0) -> int:
+                  far: float = 1.0, adaptive: bool = False) -> int:
     """Expansion order p for a requested relative L2 error eps of phi (and,
     with gradient, of grad phi), for N sources and M targets with
     sqrt(N M) = points (None: large sets); far: the factor on the error
     where the far field carries less of the sums than on uniform points
-    (`far_factor`).
+    (`far_factor`); adaptive: on an adaptive tree.
 
     Raises ValueError if eps is below what `dtype` (or the largest tabulated
     order) can reach.
     """
     return choose_order(eps, dtype, EPS_FLOOR, ORDERS,
-                        lambda p: far * _error_bound(p, points, gradient),
+                        lambda p: far * _error_bound(p, points, gradient, adaptive),
                         "the 3D Laplace family")
 
 
