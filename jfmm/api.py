@@ -144,9 +144,10 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     dimension); the 3D Laplace series' error weighed by the share of the
     sums its far field carries on these points (`configure.on_uniform`:
     crowded points, on a sphere's surface or in clusters, take lower
-    orders; plans keep orders for any points). Smallest eps, each tested at that value: float64 3D
-    Laplace 8.5e-11, 2D Laplace 4.8e-14, Chebyshev 1e-12 in 2D and 1e-10 in
-    3D where the kernel's estimate reaches them; float32 3e-6 for the
+    orders; plans keep orders for any points). Smallest eps, each tested
+    at that value: float64 3D Laplace 8.5e-11, 2D Laplace 4.8e-14,
+    Chebyshev 1e-12 in 2D and 1e-10 in 3D where the kernel's estimate
+    reaches them; float32 3e-6 for the
     Laplace series, 2e-5 for Chebyshev and the fast Gauss transform.
     Inside jit with traced points a Gaussian gets Chebyshev: to keep the
     transform under jit, make a plan outside it and call `Plan.update` and

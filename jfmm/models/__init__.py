@@ -135,14 +135,14 @@ def uniform_shares(kernel, sources, targets, depth: int):
         return jnp.clip(jnp.floor((safe - lo) / side * 2 ** depth), 0,
                         2 ** depth - 1).astype(jnp.int32)
 
-    cy = cells(y)
+    cy, y_ok = cells(y), jnp.all(jnp.isfinite(y), axis=-1)[:, None]
     chunk = 2048
     pad = -n % chunk
     xs = jnp.concatenate([sources, jnp.full((pad, d), jnp.nan, sources.dtype)])
 
     def body(acc, x):
         counts, sums = acc
-        valid = jnp.all(jnp.isfinite(x), axis=-1)[None, :] & jnp.all(jnp.isfinite(y), axis=-1)[:, None]
+        valid = jnp.all(jnp.isfinite(x), axis=-1)[None, :] & y_ok
         cx = cells(x)
         adjacent = sum(jnp.max(jnp.abs((cy[:, None] >> (depth - level))
                                        - (cx[None] >> (depth - level))), axis=-1) <= 1
