@@ -199,8 +199,8 @@ def on_uniform(config: Config, kernel, sources, targets, order=None,
     the sums (`laplace3d.far_factor`): where the points crowd the tree's
     leaves (a sphere's surface, clusters) the near field, which is exact,
     carries most of them. The depth follows the order (unless `leaf_size`
-    is given), and the share is that of the tree the order is chosen for.
-    Never a higher order; a caller's `order`, traced points, cored kernels
+    is given), and the share is that of the tree the order is chosen for,
+    the larger of the sum's and its adjoint's. Never a higher order; a caller's `order`, traced points, cored kernels
     and trees of depth < 2 keep theirs."""
     pts = [sources] + ([] if targets is None else [targets])
     if (config.tree != "uniform" or config.name != "laplace3d" or order is not None
@@ -212,8 +212,13 @@ def on_uniform(config: Config, kernel, sources, targets, order=None,
                     None)
 
     def order_at(depth):
+        # the larger share of the sum and of its adjoint (sources and targets
+        # swapped, which reverse mode in the charges runs on this order)
         with jax.ensure_compile_time_eval():
             share = float(uniform_shares(_kernels.Laplace3D(), sources, targets, depth)[1][0])
+            if targets is not None:
+                share = max(share, float(uniform_shares(_kernels.Laplace3D(), targets, sources,
+                                                        depth)[1][0]))
         far = laplace3d_model.far_factor(share, _cube_share(dim, depth))
         return min(config.order, laplace3d_model.order_for_eps(
             config.eps, sources.dtype, (n_src * n_tgt) ** 0.5, config.gradient, far))
