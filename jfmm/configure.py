@@ -30,7 +30,7 @@ from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm._compat import Tracer, known_value
 from jfmm.tree import adaptive as _adaptive
-from jfmm.models import Points, Sample, check_floor, depth_for, uniform_shares
+from jfmm.models import Points, Sample, check_floor, depth_for
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
@@ -189,7 +189,7 @@ def _cube_share(dim: int, depth: int) -> float:
     draw of 16,384 in the unit cube) on the uniform tree of `depth`."""
     x = jnp.asarray(np.random.default_rng(0).random((16384, dim)), jnp.float32)
     with jax.ensure_compile_time_eval():
-        return float(uniform_shares(_kernels.Laplace3D(), x, None, depth)[1][0])
+        return float(laplace3d_model.far_share(x, None, depth))
 
 
 def on_uniform(config: Config, kernel, sources, targets, order=None,
@@ -212,13 +212,8 @@ def on_uniform(config: Config, kernel, sources, targets, order=None,
                     None)
 
     def order_at(depth):
-        # the larger share of the sum and of its adjoint (sources and targets
-        # swapped, which reverse mode in the charges runs on this order)
         with jax.ensure_compile_time_eval():
-            share = float(uniform_shares(_kernels.Laplace3D(), sources, targets, depth)[1][0])
-            if targets is not None:
-                share = max(share, float(uniform_shares(_kernels.Laplace3D(), targets, sources,
-                                                        depth)[1][0]))
+            share = float(laplace3d_model.far_share(sources, targets, depth))
         far = laplace3d_model.far_factor(share, _cube_share(dim, depth))
         return min(config.order, laplace3d_model.order_for_eps(
             config.eps, sources.dtype, (n_src * n_tgt) ** 0.5, config.gradient, far))

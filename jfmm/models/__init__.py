@@ -13,15 +13,13 @@ family with its model; the operators stay in jfmm.ops.
 """
 from __future__ import annotations
 
-import functools
 import numbers
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm.tree import choose_depth, root_box
+from jfmm.tree import choose_depth
 
 
 class Sample(NamedTuple):
@@ -112,53 +110,3 @@ def series_choice(order_for_eps, max_order: int, leaf_size, eps: float, dtype, p
         p = order_for_eps(eps, dtype, (points.n_src * points.n_tgt) ** 0.5, gradient)
     return Choice(p, depth_for(points, leaf_size(p)))
 
-
-SHARE_TARGETS = 256
-
-
-@functools.partial(jax.jit, static_argnames=("depth",))
-def uniform_shares(kernel, sources, targets, depth: int):
-    """Where the uniform tree of `depth` sums the pairs of up to SHARE_TARGETS
-    evenly strided targets with every source (targets None: the sources):
-    (depth + 1,) the share of those pairs the far field translates at each
-    level (index 0: the near field's), and (2,) the shares of sum K(r)^2 and
-    of sum K'(r)^2 over them that the far field carries. A pair is
-    translated at the first level where its boxes are not neighbours.
-    jit-able; what an error model measured on uniform points weighs by."""
-    n, d = sources.shape
-    lo, side = root_box(sources if targets is None else jnp.concatenate([sources, targets]))
-    y = sources if targets is None else targets
-    y = y[::max(1, y.shape[0] // SHARE_TARGETS)][:SHARE_TARGETS]
-
-    def cells(p):
-        safe = jnp.where(jnp.isfinite(p), p, lo)
-        return jnp.clip(jnp.floor((safe - lo) / side * 2 ** depth), 0,
-                        2 ** depth - 1).astype(jnp.int32)
-
-    cy, y_ok = cells(y), jnp.all(jnp.isfinite(y), axis=-1)[:, None]
-    chunk = 2048
-    pad = -n % chunk
-    xs = jnp.concatenate([sources, jnp.full((pad, d), jnp.nan, sources.dtype)])
-
-    def body(acc, x):
-        counts, sums = acc
-        valid = jnp.all(jnp.isfinite(x), axis=-1)[None, :] & y_ok
-        cx = cells(x)
-        adjacent = sum(jnp.max(jnp.abs((cy[:, None] >> (depth - level))
-                                       - (cx[None] >> (depth - level))), axis=-1) <= 1
-                       for level in range(1, depth + 1))
-        level = jnp.where(adjacent == depth, 0, adjacent + 1)
-        counts = counts.at[level].add(valid.astype(counts.dtype))
-        r2 = sum((y[:, None, a] - x[None, :, a]) ** 2 for a in range(d))
-        pos = valid & (r2 > 0)
-        k, dk = kernel.value_and_derivative(jnp.sqrt(jnp.where(pos, r2, 1.0)))
-        k2, dk2 = jnp.where(pos, k * k, 0.0), jnp.where(pos, dk * dk, 0.0)
-        far = level > 0
-        sums = sums + jnp.stack([jnp.sum(k2), jnp.sum(dk2), jnp.sum(jnp.where(far, k2, 0.0)),
-                                 jnp.sum(jnp.where(far, dk2, 0.0))])
-        return (counts, sums), None
-
-    init = (jnp.zeros(depth + 1, y.dtype), jnp.zeros(4, y.dtype))
-    (counts, sums), _ = jax.lax.scan(body, init, xs.reshape(-1, chunk, d))
-    tiny = jnp.finfo(y.dtype).tiny
-    return counts / jnp.maximum(jnp.sum(counts), 1.0), sums[2:] / jnp.maximum(sums[:2], tiny)

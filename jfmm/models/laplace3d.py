@@ -1,9 +1,14 @@
 """The 3D Laplace family's error model: the order for eps, the leaf size."""
 from __future__ import annotations
 
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jfmm.models import Choice, Points, choose_order, series_choice
+from jfmm.tree import root_box
 
 
 # Typical relative L2 error of the potential per order p (float64, N = 20,000,
@@ -106,9 +111,48 @@ def order_for_eps(eps: float, dtype, points: float | None = None, gradient: bool
                         "the 3D Laplace family")
 
 
+SHARE_TARGETS = 256
+
+
+@functools.partial(jax.jit, static_argnames=("depth",))
+def far_share(sources, targets, depth: int):
+    """The share of sum 1/r^2 over the pairs of up to SHARE_TARGETS evenly
+    strided targets (None: the sources) and every source that the uniform
+    tree of `depth` leaves to its far field (pairs in leaves that are not
+    neighbours); with separate targets, the larger of the sum's and of its
+    adjoint's (sources and targets swapped, which reverse mode in the
+    charges runs on the same order). A scalar; jit-able."""
+    lo, side = root_box(sources if targets is None else jnp.concatenate([sources, targets]))
+
+    def cells(p):
+        safe = jnp.where(jnp.isfinite(p), p, lo)
+        return jnp.clip(jnp.floor((safe - lo) / side * 2 ** depth), 0,
+                        2 ** depth - 1).astype(jnp.int32)
+
+    def share(x, y):
+        y = y[::max(1, y.shape[0] // SHARE_TARGETS)][:SHARE_TARGETS]
+        cy = cells(y)
+        n, d = x.shape
+        chunk = 2048
+        xs = jnp.concatenate([x, jnp.full((-n % chunk, d), jnp.nan, x.dtype)])
+
+        def body(sums, xc):
+            r2 = sum((y[:, None, a] - xc[None, :, a]) ** 2 for a in range(d))
+            w = jnp.where(r2 > 0, 1 / jnp.where(r2 > 0, r2, 1.0), 0.0)    # NaN pads drop out
+            near = jnp.max(jnp.abs(cy[:, None] - cells(xc)[None]), axis=-1) <= 1
+            return sums + jnp.stack([jnp.sum(w), jnp.sum(jnp.where(near, 0.0, w))]), None
+
+        sums, _ = jax.lax.scan(body, jnp.zeros(2, x.dtype), xs.reshape(-1, chunk, d))
+        return sums[1] / jnp.maximum(sums[0], jnp.finfo(x.dtype).tiny)
+
+    if targets is None:
+        return share(sources, sources)
+    return jnp.maximum(share(sources, targets), share(targets, sources))
+
+
 def far_factor(share: float, cube_share: float) -> float:
     """The error's factor on points whose far field carries `share` of
-    sum 1/r^2 (`jfmm.models.uniform_shares`) where uniform points carry
+    sum 1/r^2 (`far_share`) where uniform points carry
     `cube_share` on the same tree: a translated pair errs in proportion to
     1/r, so the relative error scales with the square root of the share
     (never above 1: the table's points are the worst case it assumes).
