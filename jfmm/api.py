@@ -94,9 +94,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     Same arguments and shapes as `direct` (kernel: a `jfmm.kernels` kernel,
     or the name of one without parameters), plus eps, the requested relative
     L2 error of phi over the targets, and of grad phi where gradient=True or
-    the points are traced (a transformation may move them; float32 Chebyshev
-    gradients carry rounding errors of 2e-5 to 3e-4, growing with N, and
-    float64 ones up to 2e-11 in 2D) (None:
+    the points are traced (a transformation may move them; the rounding of
+    float32 Chebyshev gradients grows with the tree's depth where the kernel
+    is flat over the leaves, `models.chebyshev.gradient_rounding`: a uniform
+    tree takes a level fewer where that suffices, and an eps below it raises;
+    float64 Chebyshev gradients err up to 2e-11 in 2D) (None:
     1e-5 in float32, or the family's floor where higher, 1e-6 in float64; an
     eps the dtype cannot reach raises ValueError), leaf_size, the mean
     points per leaf the tree depth aims at, and order, which overrides the

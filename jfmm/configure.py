@@ -150,7 +150,9 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
     where the points crowd the uniform tree, CROWDING). Only the series
     and Chebyshev families with far fields run on adaptive trees (the fast
     Gauss transform has its grid; the near field alone and the direct sum
-    keep the uniform boxes their choice was made for). Adaptive trees are
+    keep the uniform boxes their choice was made for; "auto" keeps float32
+    Chebyshev gradients on it, whose rounding grows with the depth,
+    `chebyshev.gradient_rounding`). Adaptive trees are
     sized from concrete points: traced points keep the uniform tree, and
     tree="adaptive" raises for them."""
     tree = _check_tree(tree)
@@ -174,6 +176,11 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
                              "inside with Plan.update")
         return config
     if tree == "auto":
+        # Deep adaptive leaves put float32 Chebyshev gradients out of reach
+        # (`chebyshev.gradient_rounding`): those keep the uniform tree.
+        if (config.name == "chebyshev" and config.gradient
+                and jnp.dtype(sources.dtype) == jnp.float32):
+            return config
         with jax.ensure_compile_time_eval():
             crowded = float(_tree.crowding(sources, targets, config.depth)) > CROWDING
         if not crowded:

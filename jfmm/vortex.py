@@ -29,9 +29,9 @@ c = 1; Gamma(a, x) is the upper incomplete gamma function.) Each G goes
 through `jfmm.fmm` with eps, so the far field is held within eps by that
 family's error model (`jfmm.configure.resolve`): eps bounds the relative L2
 error of grad psi, of which u is a signed sum of components, within the
-limits `jfmm.fmm` states (float32 Chebyshev gradients carry rounding
-errors of 2e-5 to 3e-4; traced points, as in `step`, get orders from a rule
-for any points). The last two cores are 1/r beyond a distance R (s, and
+limits `jfmm.fmm` states (float32 Chebyshev gradients on deep trees: a
+level fewer, or an error where eps is below their rounding; traced points,
+as in `step`, get orders from a rule for any points). The last two cores are 1/r beyond a distance R (s, and
 for the Gaussian core where G'' is 2/r^3 to eps/10: (1 + 3x/2) exp(-x) <
 eps/10, x = (R/s)^3; `Kernel.laplace_beyond`): the spherical-harmonic
 series carry their far field and the near field sums G itself, on leaves

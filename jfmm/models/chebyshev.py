@@ -287,9 +287,36 @@ RATIO_POINTS = 8000
 ROUNDING_FLOOR = {"float32": 2e-5, "float64": 1e-12}
 # The rounding error the truncation's share of eps leaves room for.
 ROUNDING_ERROR = {"float32": 1.1e-5, "float64": 0.0}
+# float32 gradients. The far field reaches a leaf as its local expansion's
+# node values, each rounded relative to phi there, and the interpolant's
+# derivative amplifies that rounding by about n^2 / h (h the leaf's side):
+# where phi is large against its change over a leaf (kernels flat at the
+# leaves' scale, deep trees) rounding, not truncation, sets the gradient's
+# error. Measured against eps32 n^2 (root side / h) sqrt(mean K^2 / mean
+# K'^2) / root side (the moments with their low-quantile factors), the
+# float32 error less the float64 one at the same order: 0.13-0.27 times it
+# for InverseMultiquadric(1), 0.4-0.7 for Multiquadric(1.5) and Cubic, 1.1
+# for Linear (2D, uniform depths 2-7, and clusters on a 16-level adaptive
+# tree: 2.6e-2 at eps 1e-4); 3D, InverseMultiquadric(1) at depths 3-4 of
+# 16,384 points 1.8, and the rows of docs/BENCHMARKS.md's "Orders" table
+# at 2^20 (depth 4-5, truncation included) 0.7-2.3. The model takes
+# ROUNDING_SCALE[d] times it (`gradient_rounding`), added to the truncation's
+# estimate in quadrature: a uniform tree takes one level fewer (leaves 2^d
+# times fuller) where its depth makes it more than half the budget, and eps
+# is out of reach in float32 where it exceeds the budget.
+ROUNDING_SCALE = {2: 1.2, 3: 3.0}
 # Root box sides tried where the points are traced (the kernel's own length
 # scale is unknown): 4^-10 .. 4^10.
 _TRACED_SIDES = tuple(4.0 ** k for k in range(-10, 11))
+
+
+def gradient_rounding(dim: int, n: int, depth: int, side: float, moments) -> float:
+    """The float32 rounding error of grad phi at n nodes per dimension on
+    a tree `depth` levels deep over a `dim`-dimensional root box of `side` (see
+    ROUNDING_SCALE); moments: (mean K^2, mean K'^2) over the pairs."""
+    flat = np.sqrt(moments[0] / max(moments[1], np.finfo(float).tiny))
+    unit = np.finfo(np.float32).eps * n * n * 2.0 ** depth * flat / side
+    return ROUNDING_SCALE[dim] * float(unit)
 
 
 def _float64():
@@ -372,11 +399,15 @@ class Rule:
         shares: an adaptive tree's (`far_field_error`; concrete points
         only), which then stands for depth_of; moments: `exact_moments`
         where the caller has them (else `pair_moments` of the pairs).
+        Returns (n, depth): depth None where the tree's stands, else the
+        uniform tree's depth for float32 gradients (`gradient_rounding`).
         ValueError if no n reaches eps, or eps is below the dtype's
         ROUNDING_FLOOR.
         """
         check_floor(eps, dtype, ROUNDING_FLOOR, f"the {self.dim}D Chebyshev family")
         budget = eps - ROUNDING_ERROR[jnp.dtype(dtype).name]
+        # Traced points: their scale, which the rounding depends on, is unknown.
+        rounds = gradient and jnp.dtype(dtype) == jnp.float32 and root_side is not None
         few = max(1.0, RATIO_POINTS / max(count, 1))
         ratios = few * self.phi_ratio, few * self.gradient_ratio * gradient
         if root_side is None:
@@ -397,21 +428,42 @@ class Rule:
                 moments = [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
                                         sides[0], self.dim, count)]
             estimates, cache = {}, {}
-            best = reach = None
+            best = reach = rounded = None
+
+            def rounding(n, depth):
+                return max(gradient_rounding(self.dim, n, depth, s, m)
+                           for s, m in zip(sides, moments))
+
             for n in self.ESTIMATED_ORDERS:
                 depth = depth_of(n) if shares is None else None
-                if depth not in estimates:
-                    estimates[depth] = np.max([far_field_error(kernel, self.dim, s, depth, m, cache,
+                deepest = depth if shares is None else max(shares, default=0)
+                fewer = depth
+                if rounds and shares is None and rounding(n, depth) > budget / 2:
+                    fewer = depth - 1
+                noise = rounding(n, fewer if shares is None else deepest) if rounds else 0.0
+                if noise > budget:
+                    rounded = noise if rounded is None else min(rounded, noise)
+                    continue
+                if fewer not in estimates:
+                    estimates[fewer] = np.max([far_field_error(kernel, self.dim, s, fewer, m, cache,
                                                                shares)
                                                for s, m in zip(sides, moments)], axis=0)
-                err = estimates[depth][:, n]
-                if max(ratios[0] * err[0], ratios[1] * err[1]) <= budget:
-                    return n if root_side is not None or cap is None else min(n, cap)
+                err = estimates[fewer][:, n]
+                out = None if fewer == depth else fewer
+                grad = np.hypot(ratios[1] * err[1], noise)
+                if max(ratios[0] * err[0], grad) <= budget:
+                    return (n if root_side is not None or cap is None else min(n, cap)), out
                 if root_side is None and n == cap:
-                    return cap
+                    return cap, out
                 best = err[0] if best is None else min(best, err[0])
-                need = max(ratios[0] * err[0], ratios[1] * err[1]) + eps - budget
+                need = max(ratios[0] * err[0], grad) + eps - budget
                 reach = need if reach is None else min(reach, need)
+        if best is None and rounded is not None:
+            raise Unreachable(
+                f"eps={eps:g} is below what float32 gradients of the {self.dim}D Chebyshev "
+                f"family reach for {kernel} on a tree this deep: the far field's rounding "
+                f"sets about {rounded:.1e} (a kernel flat over the leaves); use float64 "
+                f"inputs with jax_enable_x64, a larger eps or larger leaves", rounded)
         raise Unreachable(f"eps={eps:g} is below what the {self.dim}D Chebyshev family "
                           f"reaches for {kernel} on these points (estimated error {best:.1e} "
                           f"at n = {self.ESTIMATED_ORDERS[-1]}); use a larger eps", reach)
@@ -445,8 +497,11 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
         shares = moments = None
         if points.shares is not None:       # an adaptive tree's root, shares and moments
             side, shares, moments = points.shares
-        n = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)), side,
-                        pairs, gradient, max(points.n_src, points.n_tgt), shares, moments)
+        n, depth = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)),
+                               side, pairs, gradient, max(points.n_src, points.n_tgt), shares,
+                               moments)
+        if depth is not None:
+            return Choice(n, depth)
     elif n is None:
         try:
             n = r.order(eps, dtype)
