@@ -428,7 +428,7 @@ class Rule:
                 moments = [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
                                         sides[0], self.dim, count)]
             estimates, cache = {}, {}
-            best = reach = rounded = None
+            best = reach = rounded = low = None
 
             def rounding(n, depth):
                 return max(gradient_rounding(self.dim, n, depth, s, m)
@@ -441,8 +441,9 @@ class Rule:
                 if rounds and shares is None and rounding(n, depth) > budget / 2:
                     fewer = depth - 1
                 noise = rounding(n, fewer if shares is None else deepest) if rounds else 0.0
+                rounded = noise                             # at the highest order tried
                 if noise > budget:
-                    rounded = noise if rounded is None else min(rounded, noise)
+                    low = noise if low is None else min(low, noise)
                     continue
                 if fewer not in estimates:
                     estimates[fewer] = np.max([far_field_error(kernel, self.dim, s, fewer, m, cache,
@@ -458,12 +459,14 @@ class Rule:
                 best = err[0] if best is None else min(best, err[0])
                 need = max(ratios[0] * err[0], grad) + eps - budget
                 reach = need if reach is None else min(reach, need)
-        if best is None and rounded is not None:
+        if rounded is not None and rounded > budget / 4:
+            floor = reach if reach is not None else low
             raise Unreachable(
                 f"eps={eps:g} is below what float32 gradients of the {self.dim}D Chebyshev "
-                f"family reach for {kernel} on a tree this deep: the far field's rounding "
-                f"sets about {rounded:.1e} (a kernel flat over the leaves); use float64 "
-                f"inputs with jax_enable_x64, a larger eps or larger leaves", rounded)
+                f"family reach for {kernel} on a tree this deep (about {floor:.1e}): the far "
+                f"field's rounding grows with the order and the depth where the kernel is "
+                f"flat over the leaves; use float64 inputs with jax_enable_x64, a larger eps "
+                f"or larger leaves", floor)
         raise Unreachable(f"eps={eps:g} is below what the {self.dim}D Chebyshev family "
                           f"reaches for {kernel} on these points (estimated error {best:.1e} "
                           f"at n = {self.ESTIMATED_ORDERS[-1]}); use a larger eps", reach)
