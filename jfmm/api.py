@@ -96,9 +96,10 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     L2 error of phi over the targets, and of grad phi where gradient=True or
     the points are traced (a transformation may move them; the rounding of
     float32 Chebyshev gradients grows with the tree's depth where the kernel
-    is flat over the leaves, `models.chebyshev.gradient_rounding`: a uniform
-    tree takes a level fewer where that suffices, and an eps below it raises;
-    float64 Chebyshev gradients err up to 2e-11 in 2D) (None:
+    is flat over the leaves, `models.chebyshev.gradient_rounding`: for
+    concrete points a uniform tree takes a level fewer where that suffices,
+    and an eps below it raises; traced points are not checked; float64
+    Chebyshev gradients err up to 2e-11 in 2D) (None:
     1e-5 in float32, or the family's floor where higher, 1e-6 in float64; an
     eps the dtype cannot reach raises ValueError), leaf_size, the mean
     points per leaf the tree depth aims at, and order, which overrides the

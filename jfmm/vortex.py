@@ -30,10 +30,11 @@ through `jfmm.fmm` with eps, so the far field is held within eps by that
 family's error model (`jfmm.configure.resolve`): eps bounds the relative L2
 error of grad psi, of which u is a signed sum of components, within the
 limits `jfmm.fmm` states (float32 Chebyshev gradients on deep trees: a
-level fewer, or an error where eps is below their rounding; traced points,
-as in `step`, get orders from a rule for any points). The last two cores are 1/r beyond a distance R (s, and
-for the Gaussian core where G'' is 2/r^3 to eps/10: (1 + 3x/2) exp(-x) <
-eps/10, x = (R/s)^3; `Kernel.laplace_beyond`): the spherical-harmonic
+level fewer, or an error where eps is below their rounding; traced
+points, as in `step`, get orders from a rule for any points). The last
+two cores are 1/r beyond a distance R (s, and for the Gaussian core
+where G'' is 2/r^3 to eps/10: (1 + 3x/2) exp(-x) < eps/10, x = (R/s)^3;
+`Kernel.laplace_beyond`): the spherical-harmonic
 series carry their far field and the near field sums G itself, on leaves
 no smaller than R, at eps times the ratio of the sums' norms to 1/r's
 (`jfmm.configure.core_ratio`: a core makes them smaller). Points known
