@@ -2,7 +2,8 @@
 potential alone and with its gradient (a plan for each), the family, order
 and depth, the median time of the jitted Plan.update + apply (tree build
 included, after compilation) and the relative L2 errors on 1,000 sampled
-targets against the float64 direct sum of the same rounded inputs.
+targets against the float64 direct sum of the same rounded inputs (uniform
+points unless --points says otherwise).
 
     python benchmarks/bench_orders.py --n 1048576 --dim 3 --cases float32:1e-4,float64:1e-6 \
         --out docs/data/orders_3d.json
@@ -40,17 +41,18 @@ def main():
     ap.add_argument("--dim", type=int, default=3)
     ap.add_argument("--cases", default="float32:1e-4,float64:1e-6", help="dtype:eps,...")
     ap.add_argument("--kernels", default=None, help="comma-separated indices into the list")
+    ap.add_argument("--points", default="cube", help="common.make_points's point set")
     args = ap.parse_args()
     jax.config.update("jax_enable_x64", True)      # the float64 references
     rng = np.random.default_rng(args.seed)
     n, dim = args.n, args.dim
-    x = make_points("cube", n, rng, dim)
+    x = make_points(args.points, n, rng, dim)
     q = rng.random(n) - 0.5
     s = sample(rng, n)
     kernels = KERNELS[dim] + COMMON
     if args.kernels:
         kernels = [kernels[int(i)] for i in args.kernels.split(",")]
-    table = Table(f"orders and times, N = {n:,} uniform, {dim}D", COLUMNS)
+    table = Table(f"orders and times, N = {n:,} {args.points}, {dim}D", COLUMNS)
     for case in args.cases.split(","):
         dtype, eps = case.split(":")
         eps = float(eps)
@@ -63,8 +65,8 @@ def main():
                     pl = make_plan(xd, k, eps, gradient)
                 except ValueError as e:        # eps out of reach (float32 gradients)
                     print(f"# {label(k)} {dtype} {eps:g} gradient={gradient}: {e}")
-                    table.add(dict(n=n, kernel=label(k), dim=dim, points="cube", dtype=dtype,
-                                   eps=eps, gradient=gradient, family="raises", order=None,
+                    table.add(dict(n=n, kernel=label(k), dim=dim, points=args.points,
+                                   dtype=dtype, eps=eps, gradient=gradient, family="raises", order=None,
                                    depth=None, total_ms=float("nan"), err_phi=None,
                                    err_grad=None))
                     continue
@@ -72,8 +74,8 @@ def main():
                 out = f(pl, xd, qd)
                 phi, grad = out if gradient else (out, None)
                 t = median_time(f, pl, xd, qd, repeats=args.repeats)
-                table.add(dict(n=n, kernel=label(k), dim=dim, points="cube", dtype=dtype, eps=eps,
-                               gradient=gradient, family=pl.family, order=pl.order,
+                table.add(dict(n=n, kernel=label(k), dim=dim, points=args.points, dtype=dtype,
+                               eps=eps, gradient=gradient, family=pl.family, order=pl.order,
                                depth=pl.tree.depth, total_ms=t * 1e3,
                                err_phi=rel(phi[s], ref),
                                err_grad=rel(grad[s], gref) if gradient else None))
