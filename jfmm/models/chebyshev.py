@@ -428,7 +428,7 @@ class Rule:
                 moments = [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
                                         sides[0], self.dim, count)]
             estimates, cache = {}, {}
-            best = reach = rounded = low = None
+            best = reach = rounded = None
 
             def rounding(n, depth):
                 return max(gradient_rounding(self.dim, n, depth, s, m)
@@ -442,9 +442,6 @@ class Rule:
                     fewer = depth - 1
                 noise = rounding(n, fewer if shares is None else deepest) if rounds else 0.0
                 rounded = noise                             # at the highest order tried
-                if noise > budget:
-                    low = noise if low is None else min(low, noise)
-                    continue
                 if fewer not in estimates:
                     estimates[fewer] = np.max([far_field_error(kernel, self.dim, s, fewer, m, cache,
                                                                shares)
@@ -460,13 +457,12 @@ class Rule:
                 need = max(ratios[0] * err[0], grad) + eps - budget
                 reach = need if reach is None else min(reach, need)
         if rounded is not None and rounded > budget / 4:
-            floor = reach if reach is not None else low
             raise Unreachable(
                 f"eps={eps:g} is below what float32 gradients of the {self.dim}D Chebyshev "
-                f"family reach for {kernel} on a tree this deep (about {floor:.1e}): the far "
+                f"family reach for {kernel} on a tree this deep (about {reach:.1e}): the far "
                 f"field's rounding grows with the order and the depth where the kernel is "
                 f"flat over the leaves; use float64 inputs with jax_enable_x64, a larger eps "
-                f"or larger leaves", floor)
+                f"or larger leaves", reach)
         raise Unreachable(f"eps={eps:g} is below what the {self.dim}D Chebyshev family "
                           f"reaches for {kernel} on these points (estimated error {best:.1e} "
                           f"at n = {self.ESTIMATED_ORDERS[-1]}); use a larger eps", reach)
