@@ -207,8 +207,9 @@ def on_uniform(config: Config, kernel, sources, targets, order=None,
     leaves (a sphere's surface, clusters) the near field, which is exact,
     carries most of them. The depth follows the order (unless `leaf_size`
     is given), and the share is that of the tree the order is chosen for,
-    the larger of the sum's and its adjoint's. Never a higher order; a caller's `order`, traced points, cored kernels
-    and trees of depth < 2 keep theirs."""
+    the larger of the sum's and its adjoint's. Never a higher order; a
+    caller's `order`, traced points, cored kernels and trees of depth < 2
+    keep theirs."""
     pts = [sources] + ([] if targets is None else [targets])
     if (config.tree != "uniform" or config.name != "laplace3d" or order is not None
             or config.reach or config.depth < 2 or not all(concrete(x) for x in pts)):

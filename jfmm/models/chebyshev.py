@@ -435,12 +435,12 @@ class Rule:
                            for s, m in zip(sides, moments))
 
             for n in self.ESTIMATED_ORDERS:
-                depth = depth_of(n) if shares is None else None
-                deepest = depth if shares is None else max(shares, default=0)
-                fewer = depth
+                depth = fewer = depth_of(n) if shares is None else None
                 if rounds and shares is None and rounding(n, depth) > budget / 2:
                     fewer = depth - 1
-                noise = rounding(n, fewer if shares is None else deepest) if rounds else 0.0
+                # an adaptive tree's leaves reach its deepest translated level
+                deepest = fewer if shares is None else max(shares, default=0)
+                noise = rounding(n, deepest) if rounds else 0.0
                 rounded = noise                             # at the highest order tried
                 if fewer not in estimates:
                     estimates[fewer] = np.max([far_field_error(kernel, self.dim, s, fewer, m, cache,

@@ -9,6 +9,7 @@ import numpy as np
 
 from jfmm.models import Choice, Points, choose_order, series_choice
 from jfmm.tree import root_box
+from jfmm.tree.uniform import leaf_coords
 
 
 # Typical relative L2 error of the potential per order p (float64, N = 20,000,
@@ -123,11 +124,7 @@ def far_share(sources, targets, depth: int):
     adjoint's (sources and targets swapped, which reverse mode in the
     charges runs on the same order). A scalar; jit-able."""
     lo, side = root_box(sources if targets is None else jnp.concatenate([sources, targets]))
-
-    def cells(p):
-        safe = jnp.where(jnp.isfinite(p), p, lo)
-        return jnp.clip(jnp.floor((safe - lo) / side * 2 ** depth), 0,
-                        2 ** depth - 1).astype(jnp.int32)
+    cells = functools.partial(leaf_coords, lo=lo, side=side, depth=depth)
 
     def share(x, y):
         y = y[::max(1, y.shape[0] // SHARE_TARGETS)][:SHARE_TARGETS]

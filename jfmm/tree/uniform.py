@@ -120,6 +120,15 @@ def root_box(points):
     return lo - _MARGIN_LO * extent, extent * (1 + _MARGIN_LO + _MARGIN_HI)
 
 
+def leaf_coords(points, lo, side, depth: int):
+    """(N, d) int32 integer coordinates of the leaves of the uniform tree of
+    `depth` over the root box (lo, side) that hold points (N, d); non-finite
+    points go to the corner leaf."""
+    safe = jnp.where(jnp.isfinite(points), points, lo)
+    scaled = jnp.floor((safe - lo) / side * (2 ** depth))
+    return jnp.clip(scaled, 0, 2 ** depth - 1).astype(jnp.int32)
+
+
 def _sort(points, lo, side, depth: int):
     """Sort points by leaf key. Returns perm, sorted points, start, leaf.
 
@@ -132,10 +141,7 @@ def _sort(points, lo, side, depth: int):
         zero, count = jnp.zeros(1, jnp.int32), jnp.full(2, n, jnp.int32)
         return (jnp.arange(n, dtype=jnp.int32), points, jnp.concatenate([zero, count]),
                 jnp.zeros(n, jnp.int32))
-    safe = jnp.where(jnp.isfinite(points), points, lo)
-    scaled = jnp.floor((safe - lo) / side * (2 ** depth))
-    coords = jnp.clip(scaled, 0, 2 ** depth - 1).astype(jnp.int32)
-    keys = morton.encode(coords, depth)
+    keys = morton.encode(leaf_coords(points, lo, side, depth), depth)
     perm = jnp.argsort(keys, stable=True).astype(jnp.int32)
     leaf = keys[perm]
     counts = jnp.zeros(nleaf, jnp.int32).at[leaf].add(1, indices_are_sorted=True)
@@ -172,9 +178,7 @@ def crowding(sources, targets, depth: int):
     lo, side = root_box(sources if targets is None else jnp.concatenate([sources, targets]))
 
     def counts(points):
-        safe = jnp.where(jnp.isfinite(points), points, lo)
-        cell = jnp.clip(jnp.floor((safe - lo) / side * 2 ** depth), 0, 2 ** depth - 1)
-        keys = morton.encode(cell.astype(jnp.int32), depth)
+        keys = morton.encode(leaf_coords(points, lo, side, depth), depth)
         return jnp.zeros(2 ** (d * depth) + 1, jnp.float32).at[keys].add(1.0)
 
     src = counts(sources)
