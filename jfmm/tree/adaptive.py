@@ -4,8 +4,9 @@ Boxes split while they hold more than `leaf_size` sources or targets that
 are not all at one place, so leaves sit at different levels and hold at
 most `leaf_size` points, or more where they coincide (or are closer than
 the deepest level's box side). The tree is built top-down, one level at a
-time, from the points' integer coordinates; no Morton keys are needed, so
-depth is not bounded by a key's bits.
+time, from the points' integer coordinates, with the points in Morton order
+(sorted once, by the 30-bit words of their keys at the deepest level, so
+depth is not bounded by one key's bits): each child's points are one run.
 
 Balance. A box also splits where a colleague (a same-level neighbour,
 itself included) has a child holding more than `leaf_size` points. This
@@ -271,14 +272,21 @@ def _level_step(state, l, leaf_size, cap_next):
     """Split level l's boxes (module docstring's rule) and make level l+1.
 
     state: box (P,) int32 local box of each point at level l, -1 once in a
-    leaf; kind (P,) bool source; q (P, d) coordinates in [0, 1); deepest ()
-    the deepest level; valid (C,), colleagues (C, 3^d) local (sentinel C).
-    cap_next: slots of level l + 1 (static; l may be traced). Returns split
-    (C,), first_child (C,) local at l + 1 (sentinel cap_next), the next
-    level's valid, parent (local at l), colleagues, the points' boxes, and
-    the number of children made."""
+    leaf; kind (P,) bool source; q (P, d) coordinates in [0, 1), the points
+    in Morton order (`_morton_order`); deepest () the deepest level; valid
+    (C,), colleagues (C, 3^d) local (sentinel C). cap_next: slots of level
+    l + 1 (static; l may be traced). Returns split (C,), first_child (C,)
+    local at l + 1 (sentinel cap_next), the next level's valid, parent
+    (local at l), colleagues, the points' boxes, and the number of children
+    made.
+
+    In Morton order each child's points are one run of equal level-(l+1)
+    coordinates, so a child's counts are differences of prefix sums at its
+    run's ends, and its points are apart where the run's first and last
+    differ: one write per run, where reductions over each child's points
+    would pile a GPU's atomics onto the few crowded children."""
     box, is_src, q, deepest, valid, coll = state
-    n_box, d = valid.shape[0], q.shape[1]
+    n_box, (n, d) = valid.shape[0], q.shape
     ways = 2 ** d
     cells = jnp.left_shift(1, jnp.minimum(l + 1, 30))       # per axis at level l + 1
     coord = jnp.clip(jnp.floor(q * cells.astype(q.dtype)), 0, cells - 1).astype(jnp.int32)
@@ -286,18 +294,24 @@ def _level_step(state, l, leaf_size, cap_next):
     active = box >= 0
     cell = jnp.where(active, box * ways + slot, n_box * ways)
 
-    def child_counts(mask):
-        return _scatter(mask.astype(jnp.int32), cell, n_box * ways, "add", 0).reshape(n_box, ways)
-
-    def child_spread(op, fill):                         # min or max of q per child
-        return _scatter(q, cell, n_box * ways, op, fill)
-
-    lo_c = child_spread("min", jnp.inf).reshape(n_box, ways, d)
-    hi_c = child_spread("max", -jnp.inf).reshape(n_box, ways, d)
+    at = jnp.arange(n, dtype=jnp.int32)
+    first_of_run = jnp.concatenate([jnp.ones(1, bool), jnp.any(coord[1:] != coord[:-1], axis=1)])
+    # each run's end: the next run's first point
+    end = jax.lax.cummin(jnp.concatenate([jnp.where(first_of_run, at, n)[1:],
+                                          jnp.full(1, n, jnp.int32)]), reverse=True)
+    sources_before = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(is_src,
+                                                                           dtype=jnp.int32)])
+    n_src = sources_before[end] - sources_before[at]
+    apart_run = jnp.any(q[jnp.maximum(end - 1, 0)] != q, axis=1)
+    runs = jnp.stack([n_src, end - at - n_src, apart_run.astype(jnp.int32)], axis=1)
+    # one row per child: its first point's run (children without points: zeros)
+    row = jnp.where(first_of_run & active, cell, n_box * ways + at)
+    table = jnp.zeros((n_box * ways, 3), jnp.int32).at[row].set(runs, mode="drop",
+                                                                unique_indices=True)
+    cs, ct, apart_c = (table[:, k].reshape(n_box, ways) for k in range(3))
+    apart_c = apart_c > 0
     # Coincident points cannot be separated: a box of them does not count as full.
-    apart_c = jnp.any(hi_c > lo_c, axis=-1)
-    apart = jnp.any(hi_c.max(1) > lo_c.min(1), axis=-1)
-    cs, ct = child_counts(is_src), child_counts(~is_src)
+    apart = jnp.any(apart_c, axis=1) | (jnp.sum((cs + ct) > 0, axis=1) > 1)
     full = (jnp.maximum(cs.sum(1), ct.sum(1)) > leaf_size) & apart
     full_child = jnp.any((jnp.maximum(cs, ct) > leaf_size) & apart_c, axis=1)
     full_child = jnp.concatenate([full_child, jnp.zeros(1, bool)])
@@ -326,42 +340,39 @@ def _level_step(state, l, leaf_size, cap_next):
     return split, first, nxt_valid, parent, nxt_coll, nxt_box, made
 
 
-# Slots a grouped scatter may hold (`_scatter`).
-_GROUPED_SLOTS = 2 ** 24
-
-
-def _scatter(values, index, size: int, op: str, fill):
-    """(size, ...) reduction of values (P, ...) by index (P,) in [0, size]
-    (size: dropped) with op "add", "min" or "max". Few slots take many
-    points at a tree's coarse levels, and a GPU's atomics on one address
-    serialise: the points are cut into G groups that reduce into slots of
-    their own first (G x size at most _GROUPED_SLOTS), then over G."""
-    n = values.shape[0]
-    groups = int(max(1, min(1024, _GROUPED_SLOTS // max(size + 1, 1), n // 256)))
-    if jax.default_backend() == "cpu":              # no atomics to spread
-        groups = 1
-    pad = -n % groups
-    values = jnp.concatenate([values, jnp.full((pad,) + values.shape[1:], fill, values.dtype)])
-    index = jnp.concatenate([index, jnp.full(pad, size, index.dtype)])
-    g = jnp.arange(values.shape[0], dtype=index.dtype) // (values.shape[0] // groups)
-    out = jnp.full((groups * (size + 1),) + values.shape[1:], fill, values.dtype)
-    out = getattr(out.at[g * (size + 1) + index], op)(values)
-    out = out.reshape((groups, size + 1) + values.shape[1:])[:, :size]
-    return {"add": jnp.sum, "min": jnp.min, "max": jnp.max}[op](out, axis=0)
+def _morton_order(q, levels: int):
+    """The permutation (P,) int32 that puts points q (P, d) in [0, 1] in
+    Morton order of their boxes at `levels` (static), ties in input order:
+    stable sorts by the keys' 30-bit words, least significant first (radix
+    sorts of one int32 key on a GPU)."""
+    d = q.shape[1]
+    per_word = 30 // d
+    ci = jnp.clip(jnp.floor(q * 2.0 ** levels), 0, 2 ** levels - 1).astype(jnp.int32)
+    perm = jnp.arange(q.shape[0], dtype=jnp.int32)
+    tops = range(levels - 1, -1, -per_word)          # each word: bits top .. top - per_word + 1
+    for top in reversed(tops):
+        key = jnp.zeros(q.shape[0], jnp.int32)
+        for bit in range(top, max(top - per_word, -1), -1):
+            for a in range(d):
+                key = (key << 1) | ((ci[perm, d - 1 - a] >> bit) & 1)
+        perm = perm[jnp.argsort(key, stable=True)]
+    return perm
 
 
 @jax.jit
 def _root_state(sources, targets):
-    """The root box and level 0's state for `_level_step`."""
+    """The root box, the Morton order of sources then targets (P,) and
+    level 0's state for `_level_step` (the points in that order)."""
     both = sources if targets is None else jnp.concatenate([sources, targets])
     lo, side, deepest = exact_root(both)
     safe = jnp.where(jnp.isfinite(both), both, lo)
     q = jnp.clip((safe - lo) / side, 0.0, 1.0)
     d = q.shape[1]
-    is_src = jnp.arange(q.shape[0]) < sources.shape[0]
+    perm = _morton_order(q, min(MAX_LEVEL, jnp.finfo(q.dtype).nmant - 2))
+    is_src = perm < sources.shape[0]
     root_coll = jnp.where(jnp.arange(3 ** d) == lists.self_slot(d), 0, 1).astype(jnp.int32)
-    return lo, side, (jnp.zeros(q.shape[0], jnp.int32), is_src, q, deepest, jnp.ones(1, bool),
-                      root_coll[None])
+    return lo, side, perm, (jnp.zeros(q.shape[0], jnp.int32), is_src, q[perm], deepest,
+                            jnp.ones(1, bool), root_coll[None])
 
 
 _step = jax.jit(_level_step, static_argnums=(2, 3))
@@ -426,7 +437,7 @@ def room(count: int, multiple: int = 1) -> int:
 def _level_capacities(sources, targets, leaf_size: int) -> tuple:
     """Slots per level for these (concrete) points (`room` of the boxes
     each level needs)."""
-    _, _, state = _root_state(sources, targets)
+    _, _, _, state = _root_state(sources, targets)
     ways = 2 ** sources.shape[1]
     caps, l = [1], 0
     while True:
@@ -468,7 +479,7 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     targets = None if targets is None else jnp.asarray(targets)
     # Only the sorted points carry derivatives (the boxes are piecewise
     # constant in them): differentiating the rest only makes programs larger.
-    lo, side, state = _root_state(*jax.lax.stop_gradient((sources, targets)))
+    lo, side, perm, state = _root_state(*jax.lax.stop_gradient((sources, targets)))
     d = sources.shape[1]
     offsets = tuple(int(v) for v in np.concatenate([[0], np.cumsum(caps.levels)]))
     total = offsets[-1]
@@ -483,6 +494,7 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
         leaf_of = _settle(leaf_of, state[0], split, offsets[l])
         steps.append((state[4], state[5], split, first, nparent))
         state = (nbox, state[1], state[2], state[3], nvalid, ncoll)
+    leaf_of = jnp.zeros_like(leaf_of).at[perm].set(leaf_of, unique_indices=True)   # input order
     tree = _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size, caps.levels)
     return tree if caps.w is None else work_lists(tree, caps)
 
