@@ -28,7 +28,7 @@ which are missing) and saved as a PNG in --docs:
   adaptive.png       3D Laplace at 2^20 on cube, sphere, Plummer and
                      clustered points, uniform against adaptive trees
                      (bench_adaptive: adaptive_float32.json,
-                     adaptive_leaf4.json, adaptive_float64.json)
+                     adaptive_float64.json)
 """
 import argparse
 import json
@@ -414,15 +414,13 @@ def orders(data, docs):
 
 
 def adaptive(data, docs):
-    found = load_all(data, ["adaptive_float32.json", "adaptive_leaf4.json",
-                            "adaptive_float64.json"])
+    found = load_all(data, ["adaptive_float32.json", "adaptive_float64.json"])
     if "adaptive_float32.json" not in found:
         return False
     kinds = ("cube", "sphere", "plummer", "clusters")
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
     bars = [("adaptive_float32.json", "uniform", "uniform tree", "0.6"),
-            ("adaptive_float32.json", "adaptive", "adaptive, leaf 2x", "C1"),
-            ("adaptive_leaf4.json", "adaptive", "adaptive, leaf 4x", "C0")]
+            ("adaptive_float32.json", "adaptive", "adaptive tree", "C1")]
     panels = [(axes[0], bars, "float32, eps 1e-5"),
               (axes[1], [("adaptive_float64.json", "uniform", "uniform tree", "0.6"),
                          ("adaptive_float64.json", "adaptive", "adaptive tree", "C1")],
