@@ -351,10 +351,10 @@ def _morton_order(q, levels: int):
     perm = jnp.arange(q.shape[0], dtype=jnp.int32)
     tops = range(levels - 1, -1, -per_word)          # each word: bits top .. top - per_word + 1
     for top in reversed(tops):
-        key = jnp.zeros(q.shape[0], jnp.int32)
+        c, key = ci[perm], jnp.zeros(q.shape[0], jnp.int32)
         for bit in range(top, max(top - per_word, -1), -1):
             for a in range(d):
-                key = (key << 1) | ((ci[perm, d - 1 - a] >> bit) & 1)
+                key = (key << 1) | ((c[:, d - 1 - a] >> bit) & 1)
         perm = perm[jnp.argsort(key, stable=True)]
     return perm
 

@@ -191,3 +191,23 @@ def test_overflow_is_set_when_capacities_are_short(rng):
     assert bool(adaptive.build(x, None, 8, caps._replace(levels=caps.levels[:-1])).overflow)
     assert bool(adaptive.build(x, None, 8, caps._replace(w=1)).overflow)
     assert not bool(adaptive.build(x, None, 8, caps).overflow)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_morton_order_makes_every_level_a_run(dim, rng):
+    """`_morton_order`: at every level down to the deepest, each box's
+    points are one run of the order (as many runs as boxes), and points in
+    one deepest box keep their input order."""
+    levels = 21
+    q = rng.random((3000, dim))
+    q[1000:1100] = q[5]                           # one box of many points
+    q[:, 0] *= 1e-6                               # boxes apart only deep down
+    perm = np.asarray(adaptive._morton_order(jax.numpy.asarray(q), levels))
+    assert sorted(perm) == list(range(len(q)))
+    cells = np.floor(q[perm] * 2.0 ** levels).astype(np.int64)
+    for level in range(1, levels + 1):
+        box = cells >> (levels - level)
+        runs = 1 + np.count_nonzero(np.any(box[1:] != box[:-1], axis=1))
+        assert runs == len(np.unique(box, axis=0)), level
+    ties = perm[np.flatnonzero(np.all(q[perm] == q[5], axis=1))]
+    assert list(ties) == sorted(ties) and len(ties) == 101
