@@ -244,9 +244,10 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None) -> Confi
     which errs more than on the uniform trees its table was measured on
     (CPU, 2,001 clustered sources, 1,001 targets on a circle, eps 1e-5:
     grad 0.2-11e-6 over 7 draws at p = 12, 0.2-4.8e-6 at p = 13): one
-    order more; and the 3D series' potential, which errs 2.5-2.7x its
-    typical error there (1.8-1.9x on uniform trees): the larger margin of
-    `laplace3d.order_for_eps(adaptive=True)`."""
+    order more; and the 3D series, whose potential errs 2.5-2.7x its
+    typical error there (1.8-1.9x on uniform trees) and whose gradient, in
+    small sets, errs most at a target beside a dense cluster: the larger
+    margins of `laplace3d.order_for_eps(adaptive=True)`."""
     if config.tree != "adaptive" or config.family is None or order is not None:
         return config
     if config.name == "laplace2d" and config.gradient:
