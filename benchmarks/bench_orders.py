@@ -61,23 +61,21 @@ def main():
         for k in kernels:
             ref, gref = jfmm.direct(x64, q64, x64[s], kernel=k, gradient=True)
             for gradient in (False, True):
+                row = dict(n=n, kernel=label(k), dim=dim, points=args.points, dtype=dtype,
+                           eps=eps, gradient=gradient)
                 try:
                     pl = make_plan(xd, k, eps, gradient)
                 except ValueError as e:        # eps out of reach (float32 gradients)
                     print(f"# {label(k)} {dtype} {eps:g} gradient={gradient}: {e}")
-                    table.add(dict(n=n, kernel=label(k), dim=dim, points=args.points,
-                                   dtype=dtype, eps=eps, gradient=gradient, family="raises", order=None,
-                                   depth=None, total_ms=float("nan"), err_phi=None,
-                                   err_grad=None))
+                    table.add(dict(row, family="raises", order=None, depth=None,
+                                   total_ms=float("nan"), err_phi=None, err_grad=None))
                     continue
                 f = jax.jit(lambda p_, a, c, g=gradient: p_.update(a).apply(c, gradient=g))
                 out = f(pl, xd, qd)
                 phi, grad = out if gradient else (out, None)
                 t = median_time(f, pl, xd, qd, repeats=args.repeats)
-                table.add(dict(n=n, kernel=label(k), dim=dim, points=args.points, dtype=dtype,
-                               eps=eps, gradient=gradient, family=pl.family, order=pl.order,
-                               depth=pl.tree.depth, total_ms=t * 1e3,
-                               err_phi=rel(phi[s], ref),
+                table.add(dict(row, family=pl.family, order=pl.order, depth=pl.tree.depth,
+                               total_ms=t * 1e3, err_phi=rel(phi[s], ref),
                                err_grad=rel(grad[s], gref) if gradient else None))
                 del pl, f, out
     table.save(args.out)
