@@ -2,9 +2,9 @@
 family with `m2p_basis` and `p2l_basis` (jnp).
 
 A work-list entry (`jfmm.tree.adaptive.far_pairs`) is a tile of a leaf's
-points (at most `adaptive.FAR_TILE`) and a split colleague j of the leaf;
-the boxes it concerns are j's children that do not touch the leaf
-(`adaptive.far_children`, up to 2^d - 1). M2P evaluates those children's
+points (at most `adaptive.FAR_TILE`) and a colleague j of the leaf; the
+boxes it concerns are j's children that are split themselves
+(`adaptive.far_boxes`, up to 2^d - 1; they do not touch the leaf). M2P evaluates those children's
 multipoles at the tile's targets (W); P2L adds the tile's sources to those
 children's local expansions (X). Both are a basis per (point, box) pair
 contracted with the expansions or the charges, so they run as batched
@@ -33,14 +33,11 @@ def entries(tree, tile, pos, start, n_points: int):
     """A work list's entries: the point ranges [t0, t1) of their tiles (E,)
     each (t0 = n_points where the entry is padding) and the boxes (E, C)
     they concern (B where none)."""
-    total, d = tree.n_boxes, tree.dim
+    total = tree.n_boxes
     leaf, t0, t1 = adaptive.far_tiles(start, n_points)
     n_tiles = leaf.shape[0]
     ext = lambda a, fill: jnp.concatenate([a, jnp.full((1,) + a.shape[1:], fill, a.dtype)])  # noqa: E731
-    lf = ext(leaf, total)[tile]
-    first = ext(tree.first_child, total)[ext(tree.colleagues, total)[lf, pos]]
-    kids = jnp.asarray(adaptive.far_children(d))[pos]
-    boxes = jnp.where((kids >= 0) & (first[:, None] < total), first[:, None] + kids, total)
+    boxes = adaptive.far_boxes(tree, ext(leaf, total)[tile], pos)
     real = tile < n_tiles
     return jnp.where(real, ext(t0, n_points)[tile], n_points), \
         jnp.where(real, ext(t1, 0)[tile], n_points), boxes

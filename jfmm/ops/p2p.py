@@ -121,19 +121,27 @@ def scatter_tiles(phi_t, grad_t, t0, t1, m: int):
 def source_ranges(near, src_start):
     """Source ranges of each leaf's near neighbours, touching ones merged.
 
-    near: (nleaf, W) neighbour leaves (sentinel nleaf); src_start: (nleaf + 2,).
-    Returns s0, s1 (nleaf + 1, W) int32: ranges [s0, s1) in ascending order,
-    and n (nleaf + 1,) int32, how many are in use (the rest are empty); the
-    last row, for the sentinel leaf of padded target tiles, is empty. Neighbours
-    whose leaves are consecutive in Morton order hold consecutive sources, so
-    in 3D the 27 ranges of an interior leaf merge into 12-14 (fewer loop
-    steps, and fewer partly filled chunks at the ends of ranges).
+    near: (nleaf, W) neighbour leaves (sentinel nleaf), or (nleaf, W, 2)
+    ranges of leaf slots [first, end) (an adaptive tree's U lists; [nleaf,
+    nleaf + 1) where none) whose sources are consecutive; src_start:
+    (nleaf + 2,). Returns s0, s1 (nleaf + 1, W) int32: ranges [s0, s1) in
+    ascending order, and n (nleaf + 1,) int32, how many are in use (the rest
+    are empty); the last row, for the sentinel leaf of padded target tiles,
+    is empty. Neighbours whose leaves are consecutive in Morton order hold
+    consecutive sources, so in 3D the 27 ranges of an interior leaf merge
+    into 12-14 (fewer loop steps, and fewer partly filled chunks at the ends
+    of ranges).
     """
-    nb = jnp.sort(near, axis=1)
-    s0, s1 = src_start[nb], src_start[nb + 1]
+    if near.ndim == 3:
+        order = jnp.argsort(near[..., 0], axis=1)
+        first, end = (jnp.take_along_axis(near[..., k], order, axis=1) for k in (0, 1))
+    else:
+        first = jnp.sort(near, axis=1)
+        end = first + 1
+    s0, s1 = src_start[first], src_start[end]
     opens = jnp.concatenate([jnp.ones_like(s0[:, :1], bool), s0[:, 1:] != s1[:, :-1]], axis=1)
     run = jnp.cumsum(opens, axis=1) - 1
-    rows = jnp.arange(nb.shape[0])[:, None]
+    rows = jnp.arange(first.shape[0])[:, None]
     m0 = jnp.zeros_like(s0).at[rows, run].max(jnp.where(opens, s0, 0))
     m1 = jnp.zeros_like(s1).at[rows, run].max(s1)
     n = run[:, -1] + 1
@@ -146,7 +154,8 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
 
     tgt_sorted (M, d), src_sorted (N, d), q_sorted (N, K): Morton-sorted;
     tgt_start, src_start (nleaf + 2,): leaf ranges with an empty sentinel leaf;
-    near (nleaf, 3^d): neighbour leaves, sentinel nleaf.
+    near (nleaf, 3^d): neighbour leaves, sentinel nleaf (or slot ranges,
+    `source_ranges`).
     Returns phi (M, K), grad (M, K, d) or None, in sorted target order.
     """
     m, d = tgt_sorted.shape

@@ -15,27 +15,43 @@ split), hence leaves that touch differ by at most one level. (If X splits
 because it is full, X's parent has a full child and is a colleague of the
 parent of each colleague Z of X, which therefore splits; if X splits
 because a colleague C' has a full child, C' is full and its parent is a
-colleague of Z's parent, two level-m boxes apart at most.) Balance bounds
-every interaction list by a constant of d alone:
+colleague of Z's parent, two level-m boxes apart at most.) It also gives:
+a child of a leaf's colleague holds at most `leaf_size` points (else the
+leaf would have split), and so does a box with a leaf colleague of its
+parent. Every interaction between a leaf and a box one level finer or
+coarser is therefore between two sets of at most `leaf_size` points.
 
-  U (leaf b, direct): leaf colleagues of b, leaf colleagues of b's parent
-    touching b, children of b's split colleagues touching b (leaves).
+Lists. For a leaf b (its own level l):
+
+  U (direct): b's colleagues that are leaves, the leaf children of b's
+    split colleagues, and the leaf colleagues of b's parent (level l - 1),
+    touching b or not.
   V (any box, M2L): children of the split colleagues of b's parent that do
     not touch b (the uniform tree's implicit list, `lists.m2l_slots`).
-  W (leaf b, M2P): children of b's split colleagues that do not touch b.
-  X (any box, P2L): leaf colleagues of b's parent that do not touch b.
+  W (leaf b, M2P): children of b's split colleagues that are split
+    themselves (they do not touch b, by balance).
+  X (any split box b, P2L): leaf colleagues of b's parent that do not
+    touch b.
 
 A leaf colleague of b's parent touching b makes b a leaf (b's colleagues
 inside it do not exist), so these four lists cover every pair of leaves
-once (tests/tree/test_adaptive.py counts them against brute force). U has
-at most 4^d - 2^d + 1 entries (57 in 3D: b, and the children touching b
-of all 26 colleagues split), V 6^d - 3^d, W 7 per colleague.
+once (tests/tree/test_adaptive.py counts them against brute force). The
+leaf-to-leaf pairs of the classic W and X lists (leaf children of split
+colleagues not touching b, and the coarse leaves of b's X list when b is a
+leaf) are summed directly: they are pairs of at most `leaf_size` points,
+and an M2P or P2L of one box costs as much as several hundred direct pairs
+(docs/design.md, "Adaptive near field"), so direct costs less. In the
+children's Morton block a split child holds no points, so U is a table of
+at most 2 x 3^d slot ranges (`near_width`): a colleague (its slot, or its
+children's block where it is split) and a parent colleague. W and X keep
+only the split boxes, few in practice (about 1% of the classic lists on
+Plummer points).
 
 W and X are transposes of each other (b is in X(c) exactly when c is in
 W(b)), and both come from the pairs (leaf b, split colleague j): W(b) is
-the children of j not touching b, and those children have b in X. The
-passes walk them as work lists of (tile of the leaf's points, j) pairs
-(`far_pairs`): M2P evaluates the children's multipoles at a tile of
+the split children of j not touching b, and those children have b in X.
+The passes walk them as work lists of (tile of the leaf's points, j)
+pairs (`far_pairs`): M2P evaluates the children's multipoles at a tile of
 targets, P2L adds a tile of sources to the children's locals.
 
 Layout. Boxes are numbered level by level; level l holds `levels[l]`
@@ -129,8 +145,8 @@ def far_children(d: int) -> np.ndarray:
 
 
 def near_width(d: int) -> int:
-    """The most entries a U list has (module docstring): 57 in 3D, 13 in 2D."""
-    return 4 ** d - 2 ** d + 1
+    """The most slot ranges a U list has (module docstring): 54 in 3D, 18 in 2D."""
+    return 2 * 3 ** d
 
 
 class Capacities(NamedTuple):
@@ -168,7 +184,8 @@ class AdaptiveTree:
                                   (non-leaves and the sentinel none)
       src_leaf (N,)               leaf of each sorted source
       tgt_* likewise for targets
-      near (B, near_width) int32  U lists of the leaves (B where none)
+      near (B, near_width, 2)     U lists of the leaves as slot ranges
+                                  [first, end) ([B, B + 1) where none)
       w_tile, w_pos (caps.w,)     W work list: target tile (`far_tiles`)
                                   and colleague displacement j of its leaf
                                   whose box is split (sentinels: the tile
@@ -552,7 +569,7 @@ def _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size: i
     both = sources if targets is None else cat([sources, targets])
     empty = jnp.zeros(0, jnp.int32)
     tree = AdaptiveTree(lo, side, level, cat(parents), cat(firsts), cat(leaves), cat(valids),
-                        cat(colls), center, *src, *tgt, jnp.zeros((total, 1), jnp.int32), empty,
+                        cat(colls), center, *src, *tgt, jnp.zeros((total, 1, 2), jnp.int32), empty,
                         empty, empty, empty, jnp.all(jnp.isfinite(both)),
                         overflow | jnp.any(leaf_of == total), dim=d, leaf_size=leaf_size,
                         caps=Capacities(levels, None, None), shared=targets is None)
@@ -603,11 +620,13 @@ def v_list(tree: AdaptiveTree):
 
 
 def x_list(tree: AdaptiveTree):
-    """P2L sources (B, 3^d): leaf colleagues of the parent not touching the box."""
+    """P2L sources (B, 3^d): leaf colleagues of a split box's parent that do
+    not touch the box (a leaf sums them directly, in its U list)."""
     total = tree.n_boxes
     pc = parent_colleagues(tree)
     touch = jnp.asarray(touch_parent_colleague(tree.dim))[tree.slot()]
-    ok = _ext(tree.leaf, False)[pc] & ~touch & tree.valid[:, None]
+    split = (tree.valid & ~tree.leaf)[:, None]
+    ok = _ext(tree.leaf, False)[pc] & ~touch & split
     return jnp.where(ok, pc, total)
 
 
@@ -621,56 +640,48 @@ def _colleague_children(tree: AdaptiveTree):
 
 def w_list(tree: AdaptiveTree):
     """M2P sources of leaves (B, 3^d * 2^d): children of the split
-    colleagues not touching the leaf."""
+    colleagues that are split themselves (they touch no leaf colleague)."""
     total = tree.n_boxes
     kids = _colleague_children(tree)
-    touch = jnp.asarray(touch_colleague_child(tree.dim))[None]
-    ok = ~touch & tree.leaf[:, None, None] & (kids < total)
+    split = _ext(tree.valid & ~tree.leaf, False)[kids]
+    ok = split & tree.leaf[:, None, None]
     return jnp.where(ok, kids, total).reshape(total, -1)
 
 
 def u_list(tree: AdaptiveTree):
     """Direct-sum sources of leaves (B, 3^d * (2 + 2^d)): leaf colleagues,
-    leaf colleagues of the parent touching the leaf, and children of the
-    split colleagues touching it."""
-    total, d = tree.n_boxes, tree.dim
+    leaf colleagues of the parent, and leaf children of the split
+    colleagues (`near_lists` holds the same as slot ranges)."""
+    total = tree.n_boxes
     leaf_ext = _ext(tree.leaf, False)
     is_leaf = tree.leaf[:, None]
     same = jnp.where(is_leaf & leaf_ext[tree.colleagues], tree.colleagues, total)
     pc = parent_colleagues(tree)
-    touch = jnp.asarray(touch_parent_colleague(d))[tree.slot()]
-    coarse = jnp.where(is_leaf & leaf_ext[pc] & touch, pc, total)
+    coarse = jnp.where(is_leaf & leaf_ext[pc], pc, total)
     kids = _colleague_children(tree)
-    touch_kid = jnp.asarray(touch_colleague_child(d))[None]
-    fine = jnp.where(tree.leaf[:, None, None] & touch_kid & (kids < total), kids, total)
+    fine = jnp.where(tree.leaf[:, None, None] & leaf_ext[kids], kids, total)
     return jnp.concatenate([same, coarse, fine.reshape(total, -1)], axis=1)
 
 
-@functools.lru_cache(maxsize=None)
-def _near_tables(d: int):
-    """The (j, c) pairs that can hold U entries: parent colleagues j touching
-    child slot c ((2^d, 2^d) per slot), and colleague children (j, c)
-    touching the box ((4^d,) each)."""
-    coarse = _padded_rows(touch_parent_colleague(d))
-    j, c = np.nonzero(touch_colleague_child(d))
-    return coarse, j.astype(np.int32), c.astype(np.int32)
-
-
 def near_lists(tree: AdaptiveTree):
-    """The U lists as a table of `near_width` columns (B, W), each row
-    ascending and padded with B: `u_list`'s entries without its empty
-    columns."""
-    total, d = tree.n_boxes, tree.dim
+    """The U lists as slot ranges (B, `near_width`, 2), [first, end) per
+    entry ([B, B + 1) where none): each colleague of a leaf, its own slot if
+    it is a leaf or its children's block if split (the block's split
+    children hold no points), and each leaf colleague of the leaf's parent."""
+    total, ways = tree.n_boxes, 2 ** tree.dim
     leaf_ext = _ext(tree.leaf, False)
     is_leaf = tree.leaf[:, None]
-    same = jnp.where(is_leaf & leaf_ext[tree.colleagues], tree.colleagues, total)
-    coarse_j, fine_j, fine_c = (jnp.asarray(t) for t in _near_tables(d))
-    pc = jnp.take_along_axis(parent_colleagues(tree), coarse_j[tree.slot()], axis=1)
+    coll = tree.colleagues
+    first = _ext(tree.first_child, total)[coll]
+    fine = is_leaf & (first < total)
+    same = is_leaf & leaf_ext[coll]
+    lo = jnp.where(fine, first, jnp.where(same, coll, total))
+    hi = jnp.where(fine, first + ways, lo + 1)
+    pc = parent_colleagues(tree)
     coarse = jnp.where(is_leaf & leaf_ext[pc], pc, total)
-    first = _ext(tree.first_child, total)[tree.colleagues[:, fine_j]]
-    fine = jnp.where(is_leaf & (first < total), first + fine_c, total)
-    rows = jnp.sort(jnp.concatenate([same, coarse, fine], axis=1), axis=1)
-    return rows[:, :near_width(d)]
+    lo = jnp.concatenate([lo, coarse], axis=1)
+    hi = jnp.concatenate([hi, coarse + 1], axis=1)
+    return jnp.stack([lo, hi], axis=-1)
 
 
 def far_tiles(start, n_points: int):
@@ -680,10 +691,25 @@ def far_tiles(start, n_points: int):
 
 
 def _far_mask(tree: AdaptiveTree, start, n_points: int):
-    """(tiles, 3^d) bool: the tile's leaf has a split colleague at j."""
+    """(tiles, 3^d) bool: the tile's leaf has a colleague at j with a split
+    child (W and X concern only split boxes: `far_boxes`)."""
     leaf, _, _ = far_tiles(start, n_points)
     split = _ext(tree.valid & ~tree.leaf, False)
-    return split[_ext(tree.colleagues, tree.n_boxes)[leaf]]
+    kids = _colleague_children(tree)
+    has = jnp.any(split[kids], axis=2)
+    return _ext(has, False)[leaf]
+
+
+def far_boxes(tree: AdaptiveTree, leaf, pos):
+    """(E, 2^d - 1) the boxes a work-list entry of `leaf` (E,) and colleague
+    displacement `pos` (E,) concerns: the split children of that colleague
+    not touching the leaf (B where none)."""
+    total, d = tree.n_boxes, tree.dim
+    first = _ext(tree.first_child, total)[_ext(tree.colleagues, total)[leaf, pos]]
+    kids = jnp.asarray(far_children(d))[pos]
+    boxes = jnp.where((kids >= 0) & (first[:, None] < total), first[:, None] + kids, total)
+    split = _ext(tree.valid & ~tree.leaf, False)[boxes]
+    return jnp.where(split, boxes, total)
 
 
 def far_pairs(tree: AdaptiveTree, start, n_points: int, cap: int):

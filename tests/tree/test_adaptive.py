@@ -140,7 +140,7 @@ def test_lists_cover_every_leaf_pair_once(dim, rng):
             direct = histogram(u[tb], total)[leaves]
             got = direct + histogram(x[up], total)[leaves] + far[anc[leaves]].sum(axis=1)
             assert np.all(got == 1), (name, tb, got)
-            assert np.all(direct == near[row]), name
+            assert np.all(direct[near[row]] == 1), name             # touching: direct
 
 
 def check_work_lists(tree):
@@ -151,19 +151,24 @@ def check_work_lists(tree):
     total, d = tree.n_boxes, tree.dim
     u, w, x = (np.asarray(a) for a in jax.jit(lambda tr: (
         adaptive.u_list(tr), adaptive.w_list(tr), adaptive.x_list(tr)))(tree))
-    width = adaptive.near_width(d)
-    u = np.sort(u, axis=1)
-    np.testing.assert_array_equal(u[:, :width], t.near)
-    assert np.all(u[:, width:] == total)
+    assert t.near.shape == (total, adaptive.near_width(d), 2)
+    for b in range(total):                   # the ranges' leaves are U's entries
+        slots = np.concatenate([np.arange(lo, hi) for lo, hi in t.near[b]])
+        slots = slots[slots < total]
+        np.testing.assert_array_equal(np.sort(slots[t.leaf[slots]]), np.sort(u[b][u[b] < total]))
+        assert np.all(np.diff(t.src_start)[slots[~t.leaf[slots]]] == 0)   # split: no points
     kids = adaptive.far_children(d)
+    split = t.valid & ~t.leaf
     for start, tile, pos, n, ref in ((t.tgt_start, t.w_tile, t.w_pos, len(t.tgt_sorted), w),
                                      (t.src_start, t.x_tile, t.x_pos, len(t.src_sorted), None)):
         leaf = np.asarray(adaptive.far_tiles(start, n)[0])
         real = tile < len(leaf)
         lf, j = leaf[tile[real]], pos[real]
         first = t.first_child[t.colleagues[lf, j]]
-        box = first[:, None] + kids[j]
-        got = np.stack([np.broadcast_to(lf[:, None], box.shape), box], -1)[kids[j] >= 0]
+        box = np.minimum(first[:, None] + kids[j], total - 1)
+        keep = (kids[j] >= 0) & (first[:, None] < total) & split[box]
+        assert np.all(keep.any(axis=1))              # no entry without a box
+        got = np.stack([np.broadcast_to(lf[:, None], box.shape), box], -1)[keep]
         got = got[np.lexsort(got.T[::-1])]
         if ref is not None:                  # W(b), once per tile of b
             tiles_of = np.bincount(leaf[leaf < total], minlength=total)
