@@ -28,7 +28,7 @@ which are missing) and saved as a PNG in --docs:
   adaptive.png       3D Laplace at 2^20 on cube, sphere, Plummer and
                      clustered points, uniform against adaptive trees
                      (bench_adaptive: adaptive_float32.json,
-                     adaptive_float64.json)
+                     adaptive_float64.json, adaptive_uniform_nonuniform.json)
 """
 import argparse
 import json
@@ -414,9 +414,12 @@ def orders(data, docs):
 
 
 def adaptive(data, docs):
-    found = load_all(data, ["adaptive_float32.json", "adaptive_float64.json"])
+    found = load_all(data, ["adaptive_float32.json", "adaptive_float64.json",
+                            "adaptive_uniform_nonuniform.json"])
     if "adaptive_float32.json" not in found:
         return False
+    # the uniform tree on non-uniform points, from its own (slow) run
+    extra = found.pop("adaptive_uniform_nonuniform.json", (None, []))[1]
     kinds = ("cube", "sphere", "plummer", "clusters")
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
     bars = [("adaptive_float32.json", "uniform", "uniform tree", "0.6"),
@@ -430,7 +433,9 @@ def adaptive(data, docs):
         for i, (name, tree, label, color) in enumerate(series):
             if name not in found:
                 continue
-            rows = {r["points"]: r for r in found[name][1] if r["tree"] == tree}
+            dtype = found[name][1][0]["dtype"]
+            rows = {r["points"]: r for r in extra + found[name][1]
+                    if r["tree"] == tree and r["dtype"] == dtype}
             x = [k for k, kind in enumerate(kinds) if kind in rows]
             ys = [rows[kinds[k]]["total_ms"] for k in x]
             pos = np.array(x) + (i - (len(series) - 1) / 2) * width
@@ -445,7 +450,8 @@ def adaptive(data, docs):
         ax.set(ylabel="ms (tree build + potential and gradient)", title=title)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("3D Laplace, N = 2^20: uniform and adaptive trees (labels: ms, larger "
-                 "measured error); " + where(env for env, _ in found.values()), fontsize=10)
+                 "measured error); " + where(env for env, _ in found.values())
+                 + "; uniform tree on sphere, Plummer, clusters: an earlier run", fontsize=10)
     save(fig, docs, "adaptive.png")
     return True
 

@@ -16,9 +16,9 @@ because it is full, X's parent has a full child and is a colleague of the
 parent of each colleague Z of X, which therefore splits; if X splits
 because a colleague C' has a full child, C' is full and its parent is a
 colleague of Z's parent, two level-m boxes apart at most.) It also gives:
-a child of a leaf's colleague holds at most `leaf_size` points (else the
-leaf would have split), and so does a box with a leaf colleague of its
-parent. Every interaction between a leaf and a box one level finer or
+a child of a leaf's colleague holds at most `leaf_size` points or points
+at one place (else the leaf would have split), and so does a box with a
+leaf colleague of its parent. Every interaction between a leaf and a box one level finer or
 coarser is therefore between two sets of at most `leaf_size` points.
 
 Lists. For a leaf b (its own level l):
@@ -40,7 +40,7 @@ leaf-to-leaf pairs of the classic W and X lists (leaf children of split
 colleagues not touching b, and the coarse leaves of b's X list when b is a
 leaf) are summed directly: they are pairs of at most `leaf_size` points,
 and an M2P or P2L of one box costs as much as several hundred direct pairs
-(docs/design.md, "Adaptive near field"), so direct costs less. In the
+(docs/design.md, "Adaptive trees"), so direct costs less. In the
 children's Morton block a split child holds no points, so U is a table of
 at most 2 x 3^d slot ranges (`near_width`): a colleague (its slot, or its
 children's block where it is split) and a parent colleague. W and X keep
