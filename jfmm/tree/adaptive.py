@@ -18,8 +18,8 @@ because a colleague C' has a full child, C' is full and its parent is a
 colleague of Z's parent, two level-m boxes apart at most.) It also gives:
 a child of a leaf's colleague holds at most `leaf_size` points or points
 at one place (else the leaf would have split), and so does a box with a
-leaf colleague of its parent. Every interaction between a leaf and a box one level finer or
-coarser is therefore between two sets of at most `leaf_size` points.
+leaf colleague of its parent. Every interaction between a leaf and a box
+one level finer or coarser is therefore between two such small sets.
 
 Lists. For a leaf b (its own level l):
 
@@ -188,8 +188,8 @@ class AdaptiveTree:
                                   [first, end) ([B, B + 1) where none)
       w_tile, w_pos (caps.w,)     W work list: target tile (`far_tiles`)
                                   and colleague displacement j of its leaf
-                                  whose box is split (sentinels: the tile
-                                  count, 0)
+                                  whose box has a split child
+                                  (sentinels: the tile count, 0)
       x_tile, x_pos (caps.x,)     the same over source tiles (X)
       finite () bool              all coordinates finite (else results are NaN)
       overflow () bool            the points need more room than caps give
