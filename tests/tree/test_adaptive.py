@@ -152,11 +152,17 @@ def check_work_lists(tree):
     u, w, x = (np.asarray(a) for a in jax.jit(lambda tr: (
         adaptive.u_list(tr), adaptive.w_list(tr), adaptive.x_list(tr)))(tree))
     assert t.near.shape == (total, adaptive.near_width(d), 2)
-    for b in range(total):                   # the ranges' leaves are U's entries
-        slots = np.concatenate([np.arange(lo, hi) for lo, hi in t.near[b]])
-        slots = slots[slots < total]
-        np.testing.assert_array_equal(np.sort(slots[t.leaf[slots]]), np.sort(u[b][u[b] < total]))
-        assert np.all(np.diff(t.src_start)[slots[~t.leaf[slots]]] == 0)   # split: no points
+    # the ranges' leaves are U's entries, and their split boxes hold no points
+    lo, hi = t.near[..., 0].ravel(), t.near[..., 1].ravel()
+    size = hi - lo
+    row = np.repeat(np.arange(lo.size) // t.near.shape[1], size)
+    slot = np.repeat(lo, size) + np.arange(size.sum()) - np.repeat(np.cumsum(size) - size, size)
+    row, slot = row[slot < total], slot[slot < total]
+    assert np.all(np.diff(t.src_start)[slot[~t.leaf[slot]]] == 0)
+    got = np.stack([row, slot], -1)[t.leaf[slot]]
+    b, k = np.nonzero(u < total)
+    want = np.stack([b, u[b, k]], -1)
+    np.testing.assert_array_equal(got[np.lexsort(got.T[::-1])], want[np.lexsort(want.T[::-1])])
     kids = adaptive.far_children(d)
     split = t.valid & ~t.leaf
     for start, tile, pos, n, ref in ((t.tgt_start, t.w_tile, t.w_pos, len(t.tgt_sorted), w),
