@@ -4,10 +4,17 @@
         --out docs/data/peers_float32.json
     python benchmarks/bench_peers.py --n 1048576 --x64 --eps 1e-10 --tols 1e-6 \
         --jaxfmm-path peers/jaxfmm --out docs/data/peers_float64.json
+    python benchmarks/bench_peers.py --n 1048576 --points plummer --eps 1e-5 \
+        --tols 2e-3 --jaxfmm-path peers/jaxfmm --out docs/data/peers_plummer.json
 
 jaxFMM is not a dependency: pass the folder that holds its package (an
 unpacked wheel works); without --jaxfmm-path only jfmm and the direct sum
-run. Uniform cube, charges uniform in [-0.5, 0.5). Per code and accuracy
+run. Points: `common.make_points` (--points, the uniform cube by default),
+charges uniform in [-0.5, 0.5). On the cube jfmm runs as a jitted
+`jfmm.fmm` (traced points: the uniform tree); on other points as
+`jfmm.plan(points, eps, tree="auto")` and a jitted `plan.update(points)
+.apply(charges)`, so that clustered points get the adaptive tree, rebuilt
+in every timed call (its first-call time includes the plan). Per code and accuracy
 setting: the first call (setup or compile, plus run), the median time after
 it, and the relative L2 error of the potential (and of the gradient where
 computed) on 1,000 sampled targets against a float64 direct sum. jaxFMM's
@@ -23,6 +30,7 @@ time_ms, err_phi, err_grad, error (a failed call's message).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -82,6 +90,7 @@ def main():
     ap.add_argument("--tols", default="5e-3,2e-3", help="jaxFMM err_tol values")
     ap.add_argument("--jaxfmm-path", default=None, help="folder holding the jaxfmm package")
     ap.add_argument("--phi-only", action="store_true", help="skip the gradient / field runs")
+    ap.add_argument("--points", default="cube", help="point set (common.make_points)")
     args = ap.parse_args()
     jaxfmm = load_jaxfmm(args.jaxfmm_path) if args.jaxfmm_path else None
     if args.x64:
@@ -89,22 +98,31 @@ def main():
     dt = np.float64 if args.x64 else np.float32
     rng = np.random.default_rng(args.seed)
     n = args.n
-    x = make_points("cube", n, rng).astype(dt)
+    x = make_points(args.points, n, rng).astype(dt)
     q = (rng.random(n) - 0.5).astype(dt)
     s = sample(rng, n)
     ref_phi, ref_grad = reference(x.astype(np.float64), q.astype(np.float64),
                                   x[s].astype(np.float64))
     xd, qd = jnp.asarray(x), jnp.asarray(q)
-    base = dict(n=n, kernel="Laplace3D", dim=3, points="cube", dtype=np.dtype(dt).name)
-    table = Table(f"jfmm beside jaxFMM, N = {n:,} uniform cube, {np.dtype(dt).name}", COLUMNS)
+    base = dict(n=n, kernel="Laplace3D", dim=3, points=args.points, dtype=np.dtype(dt).name)
+    table = Table(f"jfmm beside jaxFMM, N = {n:,}, {args.points} points, {np.dtype(dt).name}",
+                  COLUMNS)
     if jaxfmm is None:
         print("(jaxFMM not run: no --jaxfmm-path)", flush=True)
     gradients = (False,) if args.phi_only else (False, True)
 
     for eps in floats(args.eps):
         for gradient in gradients:
-            f = jax.jit(lambda a, c, e=eps, g=gradient: jfmm.fmm(a, c, eps=e, gradient=g))
-            out, first = first_time(f, xd, qd)
+            if args.points == "cube":
+                f = jax.jit(lambda a, c, e=eps, g=gradient: jfmm.fmm(a, c, eps=e, gradient=g))
+                out, first = first_time(f, xd, qd)
+            else:
+                pl, first_plan = first_time(lambda e=eps, g=gradient: jfmm.plan(
+                    xd, eps=e, gradient=g, tree="auto"))
+                run = jax.jit(lambda pl, a, c, g=gradient: pl.update(a).apply(c, gradient=g))
+                f = functools.partial(run, pl)
+                out, first = first_time(f, xd, qd)
+                first += first_plan
             t = median_time(f, xd, qd, repeats=args.repeats)
             phi, grad = out if gradient else (out, None)
             table.add(dict(code="jfmm", version=None, setting=f"eps {eps:g}", eps=eps,
