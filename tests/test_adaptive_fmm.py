@@ -85,7 +85,8 @@ def test_counting_fmm_covers_every_pair_once(rng):
     x, y = scales(400, rng, 3), points("cube", 200, rng, 3)
     tree = adaptive.plan_tree(jnp.asarray(x), jnp.asarray(y), 8)
     n_w = int(np.sum(np.asarray(tree.w_tile) < len(adaptive.far_tiles(tree.tgt_start, 200)[0])))
-    assert n_w > 0                                           # W and X lists in use
+    n_x = int(np.sum(np.asarray(tree.x_tile) < len(adaptive.far_tiles(tree.src_start, 400)[0])))
+    assert n_w > 0 and n_x > 0                               # W and X lists in use
     fam = _CountingAdaptive
     ops = fam.operators(1, lists.m2l_offsets(3), jnp.float64)
     run = jax.jit(passes.evaluate, static_argnums=(3, 5))
