@@ -47,7 +47,6 @@ def _entries(tree, tile, pos, start, points, n_points: int):
     """Per work-list entry: its tile's points (E, T, d) and live mask (E, T),
     the point rows (E, T) (n_points where dead), and the boxes (E, C) it
     concerns (B where none) with their centres (E, C, d) and sides (E, C)."""
-    total = tree.n_boxes
     t0, t1, boxes = entries(tree, tile, pos, start, n_points)
     rows = t0[:, None] + jnp.arange(adaptive.FAR_TILE, dtype=jnp.int32)
     live = rows < t1[:, None]

@@ -497,7 +497,6 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     # Only the sorted points carry derivatives (the boxes are piecewise
     # constant in them): differentiating the rest only makes programs larger.
     lo, side, perm, state = _root_state(*jax.lax.stop_gradient((sources, targets)))
-    d = sources.shape[1]
     offsets = tuple(int(v) for v in np.concatenate([[0], np.cumsum(caps.levels)]))
     total = offsets[-1]
     steps = []
@@ -752,7 +751,6 @@ def pair_shares(tree: AdaptiveTree):
     boxes, X and W pairs at the level of the finer box (the one that is
     not a leaf colleague). What an error model weighs each level's
     expansion error by."""
-    total = tree.n_boxes
     src, tgt = subtree_counts(tree, tree.src_start), subtree_counts(tree, tree.tgt_start)
     src_ext, tgt_ext = _ext(src, 0.0), _ext(tgt, 0.0)
     v, _ = v_list(tree)
