@@ -6,10 +6,10 @@ points (at most `adaptive.FAR_TILE`) and a colleague j of the leaf; the
 boxes it concerns are j's children that are split themselves
 (`adaptive.far_boxes`, up to 2^d - 1; they do not touch the leaf). M2P
 evaluates those children's multipoles at the tile's targets (W); P2L adds
-the tile's sources to those children's local expansions (X). Both are a basis per (point, box) pair
-contracted with the expansions or the charges, so they run as batched
-products over chunks of entries, and any leaf occupancy works (a leaf has
-as many tiles as its points need).
+the tile's sources to those children's local expansions (X). Both are a
+basis per (point, box) pair contracted with the expansions or the charges,
+so they run as batched products over chunks of entries, and any leaf
+occupancy works (a leaf has as many tiles as its points need).
 
 Geometry: the boxes are at least a box side (of the children) away from
 the leaf's points, so u = (y - centre) / h has a max-norm of at least 1.5

@@ -594,6 +594,11 @@ def _ext(a, fill):
     return jnp.concatenate([a, jnp.full((1,) + a.shape[1:], fill, a.dtype)])
 
 
+def _split(tree: AdaptiveTree):
+    """(B + 1,) bool: the box exists and is split (the sentinel is not)."""
+    return _ext(tree.valid & ~tree.leaf, False)
+
+
 def parent_colleagues(tree: AdaptiveTree):
     """(B, 3^d) colleagues of each box's parent (B where none)."""
     total = tree.n_boxes
@@ -624,8 +629,7 @@ def x_list(tree: AdaptiveTree):
     total = tree.n_boxes
     pc = parent_colleagues(tree)
     touch = jnp.asarray(touch_parent_colleague(tree.dim))[tree.slot()]
-    split = (tree.valid & ~tree.leaf)[:, None]
-    ok = _ext(tree.leaf, False)[pc] & ~touch & split
+    ok = _ext(tree.leaf, False)[pc] & ~touch & _split(tree)[:-1, None]
     return jnp.where(ok, pc, total)
 
 
@@ -642,8 +646,7 @@ def w_list(tree: AdaptiveTree):
     colleagues that are split themselves (they touch no leaf colleague)."""
     total = tree.n_boxes
     kids = _colleague_children(tree)
-    split = _ext(tree.valid & ~tree.leaf, False)[kids]
-    ok = split & tree.leaf[:, None, None]
+    ok = _split(tree)[kids] & tree.leaf[:, None, None]
     return jnp.where(ok, kids, total).reshape(total, -1)
 
 
@@ -693,9 +696,7 @@ def _far_mask(tree: AdaptiveTree, start, n_points: int):
     """(tiles, 3^d) bool: the tile's leaf has a colleague at j with a split
     child (W and X concern only split boxes: `far_boxes`)."""
     leaf, _, _ = far_tiles(start, n_points)
-    split = _ext(tree.valid & ~tree.leaf, False)
-    kids = _colleague_children(tree)
-    has = jnp.any(split[kids], axis=2)
+    has = jnp.any(_split(tree)[_colleague_children(tree)], axis=2)
     return _ext(has, False)[leaf]
 
 
@@ -707,8 +708,7 @@ def far_boxes(tree: AdaptiveTree, leaf, pos):
     first = _ext(tree.first_child, total)[_ext(tree.colleagues, total)[leaf, pos]]
     kids = jnp.asarray(far_children(d))[pos]
     boxes = jnp.where((kids >= 0) & (first[:, None] < total), first[:, None] + kids, total)
-    split = _ext(tree.valid & ~tree.leaf, False)[boxes]
-    return jnp.where(split, boxes, total)
+    return jnp.where(_split(tree)[boxes], boxes, total)
 
 
 def far_pairs(tree: AdaptiveTree, start, n_points: int, cap: int):
