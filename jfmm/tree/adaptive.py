@@ -716,10 +716,23 @@ def far_pairs(tree: AdaptiveTree, start, n_points: int, cap: int):
     first `cap` (tile, j) pairs of a tile of a leaf and a split colleague j
     of that leaf, padded with (tile count, 0); and how many there are."""
     mask = _far_mask(tree, start, n_points)
-    n_tiles, width = mask.shape
-    flat, = jnp.nonzero(mask.reshape(-1), size=cap, fill_value=n_tiles * width)
-    return ((flat // width).astype(jnp.int32), (flat % width).astype(jnp.int32),
-            jnp.sum(mask, dtype=jnp.int32))
+    width = mask.shape[1]
+    flat, count = _first_true(mask.reshape(-1), cap)
+    return flat // width, flat % width, count
+
+
+def _first_true(mask, cap: int):
+    """The indices (cap,) int32 of the first `cap` True entries of mask (n,)
+    (n after them) and how many there are. A prefix sum ranks the entries
+    and each is written to its own slot: `jnp.nonzero` with a size counts
+    ranks into bins instead, piling a GPU's atomics onto the few bins of a
+    sparse mask (most of the W and X lists' time before)."""
+    n = mask.shape[0]
+    at = jnp.arange(n, dtype=jnp.int32)
+    rank = jnp.cumsum(mask, dtype=jnp.int32) - 1
+    dest = jnp.where(mask, rank, max(n, cap) + at)       # distinct; past cap: dropped
+    out = jnp.full(cap, n, jnp.int32).at[dest].set(at, mode="drop", unique_indices=True)
+    return out, rank[-1] + 1
 
 
 @jax.jit
