@@ -87,7 +87,7 @@ def main():
                          "(configure.ADAPTIVE_LEAF)")
     args = ap.parse_args()
     if args.adaptive_leaf:
-        configure.ADAPTIVE_LEAF = args.adaptive_leaf
+        configure.ADAPTIVE_LEAF = dict.fromkeys(configure.ADAPTIVE_LEAF, args.adaptive_leaf)
     dtype = np.dtype(args.dtype)
     if dtype == np.float64:
         jax.config.update("jax_enable_x64", True)

@@ -49,11 +49,12 @@ TREES = ("auto", "uniform", "adaptive")
 # against 44; the bar sits between them, where nothing was measured.
 CROWDING = 20.0
 # An adaptive tree's leaves hold at most this many times the uniform tree's
-# mean points per leaf. H100, 3D Laplace float32 eps 1e-5, 2^20 points: 4
-# against 2 took Plummer from 35.7 to 30.2 ms and a sphere from 57.9 to 24.1
-# (fewer boxes for M2L, more pairs for the near field); float64 eps 1e-8
-# was measured at 2 (docs/BENCHMARKS.md, "Adaptive tree").
-ADAPTIVE_LEAF = 4
+# mean points per leaf, by dtype (larger leaves: more pairs for the near
+# field, fewer boxes for M2L). H200, 3D Laplace, 2^20 points, total ms at
+# 2, 4, 8, 16 (docs/BENCHMARKS.md, "Adaptive tree"): float32 eps 1e-5
+# Plummer -, 10.8, 10.4, 11.0, clusters -, 16.1, 14.1, 15.1; float64 eps
+# 1e-8 Plummer 72.6, 76.7, 96.0, -.
+ADAPTIVE_LEAF = {"float32": 8, "float64": 2}
 DEFAULT_EPS = {"float32": 1e-5, "float64": 1e-6}
 
 
@@ -186,7 +187,8 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
         if not crowded:
             return config
     count = max(x.shape[0] for x in pts)
-    leaf = max(8, ADAPTIVE_LEAF * -(-count // 2 ** (sources.shape[1] * config.depth)))
+    factor = ADAPTIVE_LEAF["float64" if sources.dtype == jnp.float64 else "float32"]
+    leaf = max(8, factor * -(-count // 2 ** (sources.shape[1] * config.depth)))
     return dataclasses.replace(config, tree="adaptive", leaf=leaf)
 
 
