@@ -152,16 +152,17 @@ def gauss_transform(tree: Tree, q_sorted, kernel: kernels.Gaussian, family, p: i
 
 # ------------------------------------------------------------------ adaptive
 
-def _blocks(tree: adaptive.AdaptiveTree, level: int):
-    """Level `level`'s blocks of siblings: their parents (nblk,) (B for
-    unused blocks) and the blocks of each parent's colleagues' children
-    (nblk, 3^d) (nblk where a colleague is a leaf or absent)."""
+def _blocks(tree: adaptive.AdaptiveTree, level: int, busy):
+    """The blocks of siblings `busy` (t,) of level `level` (nblk where
+    none): their parents (t,) (B where none) and the blocks of each
+    parent's colleagues' children (t, 3^d) (nblk where a colleague is a
+    leaf or absent)."""
     off, end = tree.offsets[level], tree.offsets[level + 1]
     ways, total = 2 ** tree.dim, tree.n_boxes
-    owner = tree.parent[off:end:ways]
+    nblk = (end - off) // ways
     ext = lambda a, fill: jnp.concatenate([a, jnp.full((1,) + a.shape[1:], fill, a.dtype)])  # noqa: E731
+    owner = ext(tree.parent[off:end:ways], total)[busy]
     first = ext(tree.first_child, total)[ext(tree.colleagues, total)[owner]]
-    nblk = owner.shape[0]
     return owner, jnp.where(first < total, (first - off) // ways, nblk)
 
 
@@ -190,23 +191,31 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
     loc = backend.far_p2l(family, kernel, tree, q_sorted, p, mult, mode)
     loc = loc if combine is None else combine(loc)
     basis = family.m2l_basis(ops)
-    ways = 2 ** tree.dim
+    ways, total = 2 ** tree.dim, tree.n_boxes
     for level in range(2, tree.depth + 1):
+        busy = tree.level_blocks(level)          # the blocks with targets under them
+        if busy.shape[0] == 0:
+            continue
         off, end = tree.offsets[level], tree.offsets[level + 1]
-        owner, cols = _blocks(tree, level)
+        owner, rows = _blocks(tree, level, busy)
+        nblk = (end - off) // ways
         m = mult[off:end]
         if basis is not None:
             m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
         mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
         grouped = m.reshape((-1, ways) + m.shape[1:])
-        got = (backend.m2l_blocks(grouped, cols, mats, tree.dim, mode) if m2l is None
-               else m2l(grouped, cols, mats))
+        got = (backend.m2l_blocks(grouped, rows, mats, tree.dim, mode) if m2l is None
+               else m2l(grouped, rows, mats))
         if basis is not None:
             got = jnp.einsum("bke,eq->bkq", got, basis, precision=translate.HIGHEST)
         if level > 2:                   # levels below 2 hold no locals
             ext = jnp.concatenate([loc, jnp.zeros((1,) + loc.shape[1:], loc.dtype)])
             got = got + translate.l2l(ext[owner], ops.l2l)
-        loc = loc.at[off:end].add(got)
+        # unused rows go past the boxes, each to its own place
+        first = jnp.where(busy < nblk, off + ways * busy,
+                          total + ways * jnp.arange(busy.shape[0], dtype=busy.dtype))
+        at = (first[:, None] + jnp.arange(ways, dtype=busy.dtype)).reshape(-1)
+        loc = loc.at[at].add(got, mode="drop", unique_indices=True)
     return loc
 
 

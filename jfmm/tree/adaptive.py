@@ -54,6 +54,13 @@ The passes walk them as work lists of (tile of the leaf's points, j)
 pairs (`far_pairs`): M2P evaluates the children's multipoles at a tile of
 targets, P2L adds a tile of sources to the children's locals.
 
+M2L rows. Each level's M2L translates into blocks of siblings; only the
+blocks with targets under them need locals. Per level, the tree lists
+those blocks (`busy_blocks`; sources likewise for the adjoint sum), so
+M2L skips the empty blocks that balance makes around dense regions and
+the slots left free for moving points (half of the blocks on clustered
+points).
+
 Layout. Boxes are numbered level by level; level l holds `levels[l]`
 slots from `offsets[l]`; the children of a split box are 2^d consecutive
 slots (a block), child c at first_child + c, in the order of their
@@ -152,10 +159,14 @@ def near_width(d: int) -> int:
 class Capacities(NamedTuple):
     """Static sizes of an adaptive tree, from the data (`capacities`):
     levels, slots per level (each a multiple of 2^d); w and x, the pairs of
-    the W and X work lists (`far_pairs`) for targets and sources."""
+    the W and X work lists (`far_pairs`) for targets and sources;
+    tgt_blocks and src_blocks, per level, the blocks of siblings with
+    targets (sources) under them (`busy_blocks`). None: not sized yet."""
     levels: tuple
-    w: int
-    x: int
+    w: int | None = None
+    x: int | None = None
+    tgt_blocks: tuple | None = None
+    src_blocks: tuple | None = None
 
 
 @functools.partial(
@@ -163,7 +174,7 @@ class Capacities(NamedTuple):
     data_fields=["lo", "side", "level", "parent", "first_child", "leaf", "valid",
                  "colleagues", "center", "src_perm", "src_sorted", "src_start", "src_leaf",
                  "tgt_perm", "tgt_sorted", "tgt_start", "tgt_leaf", "near", "w_tile", "w_pos",
-                 "x_tile", "x_pos", "finite", "overflow"],
+                 "x_tile", "x_pos", "tgt_blocks", "src_blocks", "finite", "overflow"],
     meta_fields=["dim", "leaf_size", "caps", "shared"])
 @dataclasses.dataclass(frozen=True)
 class AdaptiveTree:
@@ -191,6 +202,12 @@ class AdaptiveTree:
                                   whose box has a split child
                                   (sentinels: the tile count, 0)
       x_tile, x_pos (caps.x,)     the same over source tiles (X)
+      tgt_blocks                  per level l, caps.tgt_blocks[l] local
+                                  indices of the blocks of siblings with
+                                  targets under them, then nblk (the
+                                  level's block count); levels
+                                  concatenated (`level_blocks`)
+      src_blocks                  the same for sources
       finite () bool              all coordinates finite (else results are NaN)
       overflow () bool            the points need more room than caps give
     """
@@ -216,6 +233,8 @@ class AdaptiveTree:
     w_pos: jax.Array
     x_tile: jax.Array
     x_pos: jax.Array
+    tgt_blocks: jax.Array
+    src_blocks: jax.Array
     finite: jax.Array
     overflow: jax.Array
     dim: int
@@ -243,6 +262,13 @@ class AdaptiveTree:
                                                                           jnp.int32)[self.level]
         return local % (2 ** self.dim)
 
+    def level_blocks(self, level: int, sources: bool = False):
+        """(caps.tgt_blocks[level],) the level's blocks with targets (or
+        sources) under them, nblk after them."""
+        counts = self.caps.src_blocks if sources else self.caps.tgt_blocks
+        start = sum(counts[:level])
+        return (self.src_blocks if sources else self.tgt_blocks)[start:start + counts[level]]
+
     def box_side(self, level):
         """Side of a box at `level` (int or int array)."""
         return jnp.ldexp(self.side, -jnp.asarray(level, jnp.int32))     # exact
@@ -254,7 +280,10 @@ class AdaptiveTree:
             src_leaf=self.tgt_leaf, tgt_perm=self.src_perm, tgt_sorted=self.src_sorted,
             tgt_start=self.src_start, tgt_leaf=self.src_leaf, w_tile=self.x_tile,
             w_pos=self.x_pos, x_tile=self.w_tile, x_pos=self.w_pos,
-            caps=self.caps._replace(w=self.caps.x, x=self.caps.w))
+            tgt_blocks=self.src_blocks, src_blocks=self.tgt_blocks,
+            caps=self.caps._replace(w=self.caps.x, x=self.caps.w,
+                                    tgt_blocks=self.caps.src_blocks,
+                                    src_blocks=self.caps.tgt_blocks))
 
 
 # ------------------------------------------------------------------ root
@@ -483,15 +512,18 @@ def plan_tree(sources, targets, leaf_size: int) -> AdaptiveTree:
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
     levels = _level_capacities(sources, targets, leaf_size)
-    tree = build(sources, targets, leaf_size, Capacities(levels, None, None))
-    w, x = (int(v) for v in _far_counts(tree))
-    return work_lists(tree, Capacities(levels, room(w), room(x)))
+    tree = build(sources, targets, leaf_size, Capacities(levels))
+    w, x, tgt, src = jax.device_get(_work_counts(tree))
+    blocks = lambda counts: tuple(room(int(c)) if c else 0 for c in counts)   # noqa: E731
+    return work_lists(tree, Capacities(levels, room(int(w)), room(int(x)), blocks(tgt),
+                                       blocks(src)))
 
 
 def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     """The adaptive tree of sources (N, d) and targets (M, d) or None (the
     sources), with the capacities `caps` (`capacities`; caps.w None: no
-    work lists yet). jit-able with leaf_size and caps static."""
+    work lists or busy blocks yet). jit-able with leaf_size and caps
+    static."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
     # Only the sorted points carry derivatives (the boxes are piecewise
@@ -569,23 +601,28 @@ def _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size: i
     empty = jnp.zeros(0, jnp.int32)
     tree = AdaptiveTree(lo, side, level, cat(parents), cat(firsts), cat(leaves), cat(valids),
                         cat(colls), center, *src, *tgt, jnp.zeros((total, 1, 2), jnp.int32), empty,
-                        empty, empty, empty, jnp.all(jnp.isfinite(both)),
+                        empty, empty, empty, empty, empty, jnp.all(jnp.isfinite(both)),
                         overflow | jnp.any(leaf_of == total), dim=d, leaf_size=leaf_size,
-                        caps=Capacities(levels, None, None), shared=targets is None)
+                        caps=Capacities(levels), shared=targets is None)
     return dataclasses.replace(tree, near=near_lists(tree))
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def work_lists(tree: AdaptiveTree, caps: Capacities) -> AdaptiveTree:
     """The tree with its W and X work lists of caps.w and caps.x entries
-    (`far_pairs`), `overflow` set where they need more."""
+    (`far_pairs`) and its busy blocks (`busy_blocks`), `overflow` set
+    where they need more."""
     w_tile, w_pos, w_count = far_pairs(tree, tree.tgt_start, tree.tgt_sorted.shape[0], caps.w)
     x_tile, x_pos, x_count = ((w_tile, w_pos, w_count) if tree.shared
                               else far_pairs(tree, tree.src_start, tree.src_sorted.shape[0],
                                              caps.x))
+    tgt, tgt_short = busy_blocks(tree, tree.tgt_start, caps.tgt_blocks)
+    src, src_short = ((tgt, tgt_short) if tree.shared
+                      else busy_blocks(tree, tree.src_start, caps.src_blocks))
     return dataclasses.replace(
-        tree, w_tile=w_tile, w_pos=w_pos, x_tile=x_tile, x_pos=x_pos,
-        overflow=tree.overflow | (w_count > caps.w) | (x_count > caps.x), caps=caps)
+        tree, w_tile=w_tile, w_pos=w_pos, x_tile=x_tile, x_pos=x_pos, tgt_blocks=tgt,
+        src_blocks=src, caps=caps,
+        overflow=tree.overflow | (w_count > caps.w) | (x_count > caps.x) | tgt_short | src_short)
 
 
 # ------------------------------------------------------------------ lists
@@ -735,13 +772,42 @@ def _first_true(mask, cap: int):
     return out, rank[-1] + 1
 
 
+def _busy_masks(tree: AdaptiveTree, start):
+    """Per level, (nblk,) bool: the blocks of siblings with points of the
+    ranges `start` under them (empty for levels 0 and 1, which have no
+    M2L)."""
+    counts = subtree_counts(tree, start)
+    ways = 2 ** tree.dim
+    return [jnp.zeros(0, bool) if level < 2 else
+            jnp.any(counts[tree.offsets[level]:tree.offsets[level + 1]].reshape(-1, ways) > 0,
+                    axis=1) for level in range(tree.depth + 1)]
+
+
+def busy_blocks(tree: AdaptiveTree, start, caps: tuple):
+    """The `AdaptiveTree.tgt_blocks` table for points of ranges `start`
+    with caps[l] entries at level l, and whether a level needs more."""
+    found, short = [], jnp.zeros((), bool)
+    for mask, cap in zip(_busy_masks(tree, start), caps):
+        if mask.shape[0] == 0:
+            found.append(jnp.zeros(cap, jnp.int32))
+            continue
+        idx, count = _first_true(mask, cap)
+        found.append(idx)
+        short = short | (count > cap)
+    return jnp.concatenate(found), short
+
+
 @jax.jit
-def _far_counts(tree: AdaptiveTree):
-    """The W and X work lists' lengths."""
+def _work_counts(tree: AdaptiveTree):
+    """The W and X work lists' lengths and the busy blocks per level
+    (depth + 1,) for targets and sources."""
     w = jnp.sum(_far_mask(tree, tree.tgt_start, tree.tgt_sorted.shape[0]), dtype=jnp.int32)
     x = w if tree.shared else jnp.sum(_far_mask(tree, tree.src_start, tree.src_sorted.shape[0]),
                                       dtype=jnp.int32)
-    return w, x
+    busy = lambda start: jnp.stack([jnp.sum(m, dtype=jnp.int32)            # noqa: E731
+                                    for m in _busy_masks(tree, start)])
+    tgt = busy(tree.tgt_start)
+    return w, x, tgt, tgt if tree.shared else busy(tree.src_start)
 
 
 # ------------------------------------------------------------------ work

@@ -201,6 +201,10 @@ def test_overflow_is_set_when_capacities_are_short(rng):
     assert bool(adaptive.build(x, None, 8, short).overflow)
     assert bool(adaptive.build(x, None, 8, caps._replace(levels=caps.levels[:-1])).overflow)
     assert bool(adaptive.build(x, None, 8, caps._replace(w=1)).overflow)
+    busy = list(caps.tgt_blocks)
+    nblk = caps.levels[-1] // 4
+    busy[-1] = int(np.sum(np.asarray(tree.level_blocks(tree.depth)) < nblk)) - 1
+    assert bool(adaptive.build(x, None, 8, caps._replace(tgt_blocks=tuple(busy))).overflow)
     assert not bool(adaptive.build(x, None, 8, caps).overflow)
 
 
@@ -235,3 +239,25 @@ def test_first_true_is_nonzero_with_a_size(n, cap, share, rng):
     hits = np.flatnonzero(mask)[:cap]
     want[:len(hits)] = hits
     assert np.array_equal(np.asarray(out), want) and int(count) == mask.sum()
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_busy_blocks_are_the_blocks_with_points_under_them(dim, rng):
+    """Per level, `level_blocks` lists exactly the blocks of siblings with a
+    target (or, for sources and the swapped tree, a source) in a leaf
+    below them, padded with the level's block count."""
+    src, tgt = clustered(300, rng, dim), rng.random((60, dim)) * 0.3
+    tree = adaptive.plan_tree(src, tgt, 8)
+    t = jax.tree_util.tree_map(np.asarray, tree)
+    up = ancestor_table(t)
+    ways = 2 ** dim
+    for sources, leaves in ((False, t.tgt_leaf), (True, t.src_leaf)):
+        boxes = np.unique(up[leaves])
+        for level in range(2, tree.depth + 1):
+            off, end = tree.offsets[level], tree.offsets[level + 1]
+            want = np.unique((boxes[(boxes >= off) & (boxes < end)] - off) // ways)
+            for table in (tree, tree.swapped()):
+                got = np.asarray(table.level_blocks(level, sources ^ (table is not tree)))
+                nblk = (end - off) // ways
+                assert np.array_equal(got[:len(want)], want), level
+                assert np.all(got[len(want):] == nblk), level
