@@ -64,6 +64,23 @@ def histogram(rows, total):
     return np.bincount(rows[rows < total].ravel(), minlength=total + 1)
 
 
+def check_busy_blocks(tree, t):
+    """Per level, `level_blocks` lists exactly the blocks of siblings with a
+    target (for sources and the swapped tree, a source) in a leaf below
+    them, padded with the level's block count."""
+    up = ancestor_table(t)
+    ways = 2 ** tree.dim
+    for sources, leaves in ((False, t.tgt_leaf), (True, t.src_leaf)):
+        boxes = np.unique(up[leaves])
+        for level in range(2, tree.depth + 1):
+            off, end = tree.offsets[level], tree.offsets[level + 1]
+            want = np.unique((boxes[(boxes >= off) & (boxes < end)] - off) // ways)
+            for table, flip in ((tree, False), (tree.swapped(), True)):
+                got = np.asarray(table.level_blocks(level, sources ^ flip))
+                assert np.array_equal(got[:len(want)], want), level
+                assert np.all(got[len(want):] == (end - off) // ways), level
+
+
 def all_lists(tree):
     return (adaptive.u_list(tree), adaptive.v_list(tree), adaptive.w_list(tree),
             adaptive.x_list(tree))
@@ -80,6 +97,7 @@ def test_lists_cover_every_leaf_pair_once(dim, rng):
         check_work_lists(tree)
         assert not bool(tree.overflow), name
         t, coords = geometry(tree)
+        check_busy_blocks(tree, t)
         total = tree.n_boxes
         leaves = np.nonzero(t.leaf)[0]
         lev = t.level
@@ -239,25 +257,3 @@ def test_first_true_is_nonzero_with_a_size(n, cap, share, rng):
     hits = np.flatnonzero(mask)[:cap]
     want[:len(hits)] = hits
     assert np.array_equal(np.asarray(out), want) and int(count) == mask.sum()
-
-
-@pytest.mark.parametrize("dim", [2, 3])
-def test_busy_blocks_are_the_blocks_with_points_under_them(dim, rng):
-    """Per level, `level_blocks` lists exactly the blocks of siblings with a
-    target (or, for sources and the swapped tree, a source) in a leaf
-    below them, padded with the level's block count."""
-    src, tgt = clustered(300, rng, dim), rng.random((60, dim)) * 0.3
-    tree = adaptive.plan_tree(src, tgt, 8)
-    t = jax.tree_util.tree_map(np.asarray, tree)
-    up = ancestor_table(t)
-    ways = 2 ** dim
-    for sources, leaves in ((False, t.tgt_leaf), (True, t.src_leaf)):
-        boxes = np.unique(up[leaves])
-        for level in range(2, tree.depth + 1):
-            off, end = tree.offsets[level], tree.offsets[level + 1]
-            want = np.unique((boxes[(boxes >= off) & (boxes < end)] - off) // ways)
-            for table in (tree, tree.swapped()):
-                got = np.asarray(table.level_blocks(level, sources ^ (table is not tree)))
-                nblk = (end - off) // ways
-                assert np.array_equal(got[:len(want)], want), level
-                assert np.all(got[len(want):] == nblk), level
