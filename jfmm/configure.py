@@ -51,9 +51,9 @@ CROWDING = 20.0
 # An adaptive tree's leaves hold at most this many times the uniform tree's
 # mean points per leaf, by dtype (larger leaves: more pairs for the near
 # field, fewer boxes for M2L). H200, 3D Laplace, 2^20 points, total ms at
-# 2, 4, 8, 16 (docs/BENCHMARKS.md, "Adaptive tree"): float32 eps 1e-5
-# Plummer -, 10.8, 10.4, 11.0, clusters -, 16.1, 14.1, 15.1; float64 eps
-# 1e-8 Plummer 72.6, 76.7, 96.0, -.
+# 2, 4, 8, 16 times (docs/BENCHMARKS.md, "Adaptive tree"): float32 eps 1e-5
+# Plummer -, 13.1, 11.9, 12.8, clusters -, 16.1, 14.1, 15.1; float64 eps
+# 1e-8 Plummer 72.6, 76.7, 96.0, -, clusters -, 95.9, 106.7, -.
 ADAPTIVE_LEAF = {"float32": 8, "float64": 2}
 DEFAULT_EPS = {"float32": 1e-5, "float64": 1e-6}
 
