@@ -159,11 +159,10 @@ def _blocks(tree: adaptive.AdaptiveTree, level: int, busy):
     leaf or absent)."""
     off, end = tree.offsets[level], tree.offsets[level + 1]
     ways, total = 2 ** tree.dim, tree.n_boxes
-    nblk = (end - off) // ways
-    ext = lambda a, fill: jnp.concatenate([a, jnp.full((1,) + a.shape[1:], fill, a.dtype)])  # noqa: E731
-    owner = ext(tree.parent[off:end:ways], total)[busy]
-    first = ext(tree.first_child, total)[ext(tree.colleagues, total)[owner]]
-    return owner, jnp.where(first < total, (first - off) // ways, nblk)
+    take = lambda a, i: jnp.take(a, i, axis=0, mode="fill", fill_value=total)  # noqa: E731
+    owner = take(tree.parent[off:end:ways], busy)
+    first = take(tree.first_child, take(tree.colleagues, owner))
+    return owner, jnp.where(first < total, (first - off) // ways, (end - off) // ways)
 
 
 def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, side,
@@ -209,8 +208,8 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
         if basis is not None:
             got = jnp.einsum("bke,eq->bkq", got, basis, precision=translate.HIGHEST)
         if level > 2:                   # levels below 2 hold no locals
-            ext = jnp.concatenate([loc, jnp.zeros((1,) + loc.shape[1:], loc.dtype)])
-            got = got + translate.l2l(ext[owner], ops.l2l)
+            parent = jnp.take(loc, owner, axis=0, mode="fill", fill_value=0)
+            got = got + translate.l2l(parent, ops.l2l)
         # unused rows go past the boxes, each to its own place
         first = jnp.where(busy < nblk, off + ways * busy,
                           total + ways * jnp.arange(busy.shape[0], dtype=busy.dtype))

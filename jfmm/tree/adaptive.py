@@ -769,7 +769,7 @@ def _first_true(mask, cap: int):
     rank = jnp.cumsum(mask, dtype=jnp.int32) - 1
     dest = jnp.where(mask, rank, max(n, cap) + at)       # distinct; past cap: dropped
     out = jnp.full(cap, n, jnp.int32).at[dest].set(at, mode="drop", unique_indices=True)
-    return out, rank[-1] + 1
+    return out, jnp.sum(mask, dtype=jnp.int32)
 
 
 def _busy_masks(tree: AdaptiveTree, start):
@@ -788,9 +788,6 @@ def busy_blocks(tree: AdaptiveTree, start, caps: tuple):
     with caps[l] entries at level l, and whether a level needs more."""
     found, short = [], jnp.zeros((), bool)
     for mask, cap in zip(_busy_masks(tree, start), caps):
-        if mask.shape[0] == 0:
-            found.append(jnp.zeros(cap, jnp.int32))
-            continue
         idx, count = _first_true(mask, cap)
         found.append(idx)
         short = short | (count > cap)
