@@ -133,7 +133,7 @@ def main():
                         if args.passes:
                             row.update(pass_times(pl, q, args.repeats))
                     table.add(row)
-    table.save(args.out)
+                    table.save(args.out)  # after every row: a run cut short keeps its rows
 
 
 if __name__ == "__main__":
