@@ -22,6 +22,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jfmm import kernels
 from jfmm.configure import Config
@@ -182,40 +183,70 @@ def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, 
 
 def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
                       kernel: kernels.Kernel, p: int, mode: str, m2l=None, combine=None):
-    """Local expansions of every box (B, K, P): P2L of the X lists, then
-    level by level M2L over the V lists and L2L from the parent.
-    m2l(grouped, cols, mats): one level's blocks translated, in place of
-    `backend.m2l_blocks` (a device's share of it, `jfmm.distributed`);
-    combine: applied to the X lists' locals (see `upward`)."""
+    """Local expansions of every box (B, K, P): P2L of the X lists, M2L over
+    the V lists (`adaptive_m2l`), then level by level L2L from the parent.
+    m2l(grouped, cols, mats): `backend.m2l_blocks` in its place (a device's
+    share of it, `jfmm.distributed`); combine: applied to the X lists'
+    locals (see `upward`)."""
     loc = backend.far_p2l(family, kernel, tree, q_sorted, p, mult, mode)
     loc = loc if combine is None else combine(loc)
-    basis = family.m2l_basis(ops)
     ways, total = 2 ** tree.dim, tree.n_boxes
-    for level in range(2, tree.depth + 1):
-        busy = tree.level_blocks(level)          # the blocks with targets under them
-        if busy.shape[0] == 0:
-            continue
+    levels = [lv for lv in range(2, tree.depth + 1) if tree.level_blocks(lv).shape[0]]
+    blocks = [_blocks(tree, lv, tree.level_blocks(lv)) for lv in levels]
+    far = adaptive_m2l(tree, mult, family, ops, kernel, p, mode, levels,
+                       [cols for _, cols in blocks], m2l)
+    for level, (owner, _), got in zip(levels, blocks, far):
+        busy = tree.level_blocks(level)
         off, end = tree.offsets[level], tree.offsets[level + 1]
-        owner, rows = _blocks(tree, level, busy)
-        nblk = (end - off) // ways
-        m = mult[off:end]
-        if basis is not None:
-            m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
-        mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
-        grouped = m.reshape((-1, ways) + m.shape[1:])
-        got = (backend.m2l_blocks(grouped, rows, mats, tree.dim, mode) if m2l is None
-               else m2l(grouped, rows, mats))
-        if basis is not None:
-            got = jnp.einsum("bke,eq->bkq", got, basis, precision=translate.HIGHEST)
         if level > 2:                   # levels below 2 hold no locals
             parent = jnp.take(loc, owner, axis=0, mode="fill", fill_value=0)
             got = got + translate.l2l(parent, ops.l2l)
         # unused rows go past the boxes, each to its own place
-        first = jnp.where(busy < nblk, off + ways * busy,
+        first = jnp.where(busy < (end - off) // ways, off + ways * busy,
                           total + ways * jnp.arange(busy.shape[0], dtype=busy.dtype))
         at = (first[:, None] + jnp.arange(ways, dtype=busy.dtype)).reshape(-1)
         loc = loc.at[at].add(got, mode="drop", unique_indices=True)
     return loc
+
+
+def adaptive_m2l(tree: adaptive.AdaptiveTree, mult, family, ops, kernel: kernels.Kernel,
+                 p: int, mode: str, levels, cols, m2l=None):
+    """M2L into the busy blocks of `levels`: for each level, (t 2^d, K, P)
+    locals of its t blocks (`tree.level_blocks`), whose colleagues'
+    children are the blocks `cols` (t, 3^d) of that level (nblk where
+    none). M2L reads multipoles alone, so levels sharing one array of
+    matrices (scaled expansions: 3D Laplace's every level) run as one
+    product over their blocks side by side: one large product instead of
+    a small one per level of a deep tree."""
+    basis = family.m2l_basis(ops)
+    ways = 2 ** tree.dim
+    groups = []                                        # [matrices, [level index, ...]]
+    for i, level in enumerate(levels):
+        mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
+        if groups and groups[-1][0] is mats:
+            groups[-1][1].append(i)
+        else:
+            groups.append([mats, [i]])
+    out = []
+    for mats, members in groups:
+        first = tree.offsets[levels[members[0]]]
+        m = mult[first:tree.offsets[levels[members[-1]] + 1]]
+        if basis is not None:
+            m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
+        grouped = m.reshape((-1, ways) + m.shape[1:])
+        rows = []
+        for i in members:                              # level-local blocks -> the group's
+            off, end = tree.offsets[levels[i]], tree.offsets[levels[i] + 1]
+            rows.append(jnp.where(cols[i] < (end - off) // ways, cols[i] + (off - first) // ways,
+                                  grouped.shape[0]))
+        rows = jnp.concatenate(rows)
+        got = (backend.m2l_blocks(grouped, rows, mats, tree.dim, mode) if m2l is None
+               else m2l(grouped, rows, mats))
+        if basis is not None:
+            got = jnp.einsum("bke,eq->bkq", got, basis, precision=translate.HIGHEST)
+        sizes = [ways * cols[i].shape[0] for i in members]
+        out.extend(jnp.split(got, np.cumsum(sizes)[:-1]))
+    return out
 
 
 def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Kernel, family,
