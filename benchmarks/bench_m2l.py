@@ -9,7 +9,7 @@ Multipoles are those of a uniform random cube at --level (32 points per
 box, mixed-sign charges, 3D Laplace operators of order p). Each variant is
 'jnp' (float32 products), 'bf16x6' (six bfloat16 products,
 `translate._product`), either with ':loop' (one product per neighbour
-position, as above OPERATOR_BYTES), 'xla:ALGORITHM' (the jnp operator with its products at that
+position, as above GATHER_BYTES), 'xla:ALGORITHM' (the jnp operator with its products at that
 `jax.lax.DotAlgorithmPreset`) or Pallas tiles 'parents,width,warps,stages,
 algorithm'. Error: relative L2 of the level's locals against the jnp
 operator in float64. Translations: source-target box pairs of the level.
@@ -67,7 +67,7 @@ def run(variant: str, level: int):
     if variant.split(":")[0] in ("jnp", "bf16x6"):
         bf16x6 = variant.startswith("bf16x6")
         if variant.endswith(":loop"):          # the loop over neighbour positions
-            return _patched("OPERATOR_BYTES", {"cpu": 0, "gpu": 0}, bf16x6, level)
+            return _patched("GATHER_BYTES", 0, bf16x6, level)
         return jax.jit(lambda m, w: translate.m2l(m, level, w, 3, bf16x6))
     if variant.startswith("xla:"):
         return _patched("HIGHEST", getattr(jax.lax.DotAlgorithmPreset, variant[4:]), False, level)

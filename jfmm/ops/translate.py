@@ -71,15 +71,10 @@ def _product(spec: str, a, w, bf16x6: bool, per_position: str | None = None):
     return out + jnp.sum(lead, axis=0)
 
 
-# Bytes of gathered neighbour multipoles that one product of `m2l` may hold;
-# beyond them it loops over parent chunks.
+# Bytes of gathered operators and neighbour multipoles that one product of
+# `m2l` may hold; beyond them it loops (over parent chunks, or over the 3^d
+# neighbour positions when the operators alone are too large).
 GATHER_BYTES = 2 ** 28
-
-# Bytes of the operators gathered for all neighbour positions at once, per
-# backend; beyond them M2L loops over the positions, gathering each one's
-# 4^d matrices per level. On the GPU the one product won for float64 at
-# p = 22 (3.1 GB of operators, docs/design.md "M2L products").
-OPERATOR_BYTES = {"cpu": 2 ** 28, "gpu": 2 ** 33}
 
 
 def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
@@ -113,8 +108,8 @@ def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
     positions: docs/design.md). Memory is kept under GATHER_BYTES by
     chunking parents (counting the gathered multipoles in their own dtype;
     with bf16x6 their three bfloat16 pieces and the per-position leading
-    product take about 2.5 times that); where the gathered operators
-    exceed OPERATOR_BYTES (high p), the loop over positions runs instead. bf16x6:
+    product take about 2.5 times that); where even the gathered operators
+    exceed it (high p), the loop over positions runs instead. bf16x6:
     float32 products as six bfloat16 products (`_product`; the GPU default,
     see jfmm.ops.backend).
     """
@@ -125,8 +120,7 @@ def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
     slots = lists.m2l_slots(dim)
     keep = np.flatnonzero((slots < len(lists.m2l_offsets(dim))).any(axis=(1, 2)))
     item = grouped.dtype.itemsize
-    limit = OPERATOR_BYTES["cpu" if jax.default_backend() == "cpu" else "gpu"]
-    if len(keep) * nc * nc * p * p * item > limit:
+    if len(keep) * nc * nc * p * p * item > GATHER_BYTES:
         def body(acc, xs):
             col, slot = xs
             return acc + _product("bskq,scpq->bckp", grouped[col], mats[slot], bf16x6), None

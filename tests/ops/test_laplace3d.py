@@ -153,8 +153,6 @@ def test_m2l_formulations_agree(budget, stored, rng, monkeypatch):
     mult = jnp.asarray(rng.normal(size=(8 ** level, 2, p * p)))
     want = translate.m2l(mult, level, ops.m2l, 3)
     monkeypatch.setattr(translate, "GATHER_BYTES", budget)
-    if budget == 1:
-        monkeypatch.setattr(translate, "OPERATOR_BYTES", {"cpu": 1, "gpu": 1})
     if not stored:
         monkeypatch.setattr(L, "STORED_M2L_BYTES", {"cpu": 0, "gpu": 0})
         ops = L.operators(p, lists.m2l_offsets(3), jnp.float64)
