@@ -192,11 +192,11 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
     loc = loc if combine is None else combine(loc)
     ways, total = 2 ** tree.dim, tree.n_boxes
     levels = [lv for lv in range(2, tree.depth + 1) if tree.level_blocks(lv).shape[0]]
-    blocks = [_blocks(tree, lv, tree.level_blocks(lv)) for lv in levels]
+    tables = [tree.level_blocks(lv) for lv in levels]    # the blocks with targets under them
+    blocks = [_blocks(tree, lv, b) for lv, b in zip(levels, tables)]
     far = adaptive_m2l(tree, mult, family, ops, kernel, p, mode, levels,
                        [cols for _, cols in blocks], m2l)
-    for level, (owner, _), got in zip(levels, blocks, far):
-        busy = tree.level_blocks(level)
+    for level, busy, (owner, _), got in zip(levels, tables, blocks, far):
         off, end = tree.offsets[level], tree.offsets[level + 1]
         if level > 2:                   # levels below 2 hold no locals
             parent = jnp.take(loc, owner, axis=0, mode="fill", fill_value=0)
