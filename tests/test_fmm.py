@@ -63,6 +63,7 @@ def test_orders_spend_what_eps_allows(kind, dtype, eps, gradient, rng):
         assert below > eps / 10, (config.order, err, below)
 
 
+@pytest.mark.optimized                   # p = 36: 12 s, not 25 s, optimized
 def test_float64_at_its_floor(rng):
     """float64 at the smallest eps jfmm.fmm states for 3D Laplace (8.5e-11,
     p = 36, the order rule's worst case; a call builds 2-4 GB of dense M2L

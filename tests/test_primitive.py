@@ -36,7 +36,8 @@ def _weighted_grads(separate: bool, eps: float):
 
 
 @pytest.mark.parametrize("kind,separate,eps", [
-    ("cube", True, 1e-8), ("sphere", False, EPS), ("cluster", False, EPS),
+    pytest.param("cube", True, 1e-8, marks=pytest.mark.optimized),   # p = 32: 14 s, not 26 s
+    ("sphere", False, EPS), ("cluster", False, EPS),
     ("cluster", True, EPS)])
 def test_grad_matches_direct_autodiff(kind, separate, eps, rng):
     n, m = 700, 300

@@ -44,6 +44,7 @@ def test_every_kernel_2d(i, kernel, rng):
     _check(kernel, 2, kind, separate, 1e-8 if i % 2 else 1e-5, rng)
 
 
+@pytest.mark.optimized    # runs longer than it compiles (tests/conftest.py)
 @pytest.mark.parametrize("i,kernel", list(enumerate(CASES)),
                          ids=lambda v: type(v).__name__ if isinstance(v, K.Kernel) else "")
 def test_every_kernel_3d(i, kernel, rng):
@@ -51,6 +52,7 @@ def test_every_kernel_3d(i, kernel, rng):
     _check(kernel, 3, kind, separate, 1e-3, rng, n=700)
 
 
+@pytest.mark.optimized    # runs longer than it compiles (tests/conftest.py)
 @pytest.mark.parametrize("kernel", [K.Gaussian(3.0), K.Quintic()],
                          ids=lambda k: type(k).__name__)
 def test_3d_at_its_tightest_eps(kernel, rng):
@@ -62,6 +64,7 @@ def test_eps_ends_2d(eps, kernel, rng):
     _check(kernel, 2, "sphere", True, eps, rng, n=1200)
 
 
+@pytest.mark.optimized    # runs longer than it compiles (tests/conftest.py)
 @pytest.mark.parametrize("kernel,kind,dtype,eps,gradient", [
     (K.Linear(), "cube", np.float64, 1e-6, False),
     (K.ThinPlateSpline(), "cube", np.float32, 1e-4, False),
@@ -95,6 +98,7 @@ def test_orders_spend_what_eps_allows(kernel, kind, dtype, eps, gradient, rng):
         assert err > eps / 5 or error(chosen.order - 1) > eps / 10, (chosen.order, err)
 
 
+@pytest.mark.optimized    # runs longer than it compiles (tests/conftest.py)
 def test_kernel_parameter_gradients(rng):
     """d/d epsilon of a loss of the FMM sum equals the central difference of
     the numpy reference's loss."""
@@ -113,6 +117,7 @@ def test_kernel_parameter_gradients(rng):
         assert abs(got - want) <= 10 * eps * abs(want)
 
 
+@pytest.mark.optimized    # runs longer than it compiles (tests/conftest.py)
 def test_kernel_parameter_gradient_below_the_worst_case_rule(rng):
     """Differentiated outside jit, a kernel parameter's value chooses the
     order (eps = 3e-7 in 3D is below the rule for unknown parameters);
@@ -135,6 +140,7 @@ def test_kernel_parameter_gradient_below_the_worst_case_rule(rng):
     assert rel(got, want) <= 3e-7
 
 
+@pytest.mark.optimized    # runs longer than it compiles (tests/conftest.py)
 @pytest.mark.parametrize("kernel,kind,eps", [(K.Gaussian(1.0), "cube", 1e-8)],
                          ids=["Gaussian-cube"])
 def test_3d_beyond_the_worst_case_rule(kernel, kind, eps, rng):
@@ -146,6 +152,7 @@ def test_3d_beyond_the_worst_case_rule(kernel, kind, eps, rng):
     _check(kernel, 3, kind, False, eps, rng, n=700, family="chebyshev")
 
 
+@pytest.mark.optimized    # runs longer than it compiles (tests/conftest.py)
 def test_estimated_order_under_jit(rng):
     """Traced points: the order is the estimate's worst over root box sizes
     (no more than the worst-case rule's); traced kernel parameters: the
