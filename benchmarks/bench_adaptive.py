@@ -29,7 +29,7 @@ from common import Table, floats, make_points, median_time, parser, reference, r
 import jfmm
 from jfmm import configure, passes
 from jfmm.ops import backend
-from jfmm.tree import adaptive, crowding
+from jfmm.tree import crowding
 
 COLUMNS = [
     ("points", "points", ""), ("n", "N", ","), ("dtype", "dtype", ""), ("eps", "eps", "g"),

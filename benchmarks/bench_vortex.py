@@ -145,7 +145,6 @@ def part_rows(table, n, m, dtype, eps, smoothing, core, repeats, rng):
 
 def step_row(table, n, m, dtype, eps, smoothing, core, repeats, rng):
     state = ring_state(n, m, dtype, rng)
-    x = state.positions
     f = jax.jit(lambda s: vortex.step(s, 0.01, core=core, smoothing=smoothing, eps=eps))
     t0 = time.perf_counter()
     jax.block_until_ready(f(state))
