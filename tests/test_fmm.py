@@ -39,7 +39,9 @@ def test_orders_spend_what_eps_allows(kind, dtype, eps, gradient, rng):
     or the order is the family's lowest. Crowded points (clusters, a
     sphere's surface) take lower orders than a plan for any points. (A
     sphere with its gradient is not tight: grad's own, smaller share is
-    not weighed; docs/BENCHMARKS.md, "Calibration".)"""
+    not weighed; docs/BENCHMARKS.md, "Calibration". Nor are clusters:
+    their far field is a few outlier pairs, whose error the factor's
+    floor `laplace3d.FAR_FLOOR` bounds instead of weighing.)"""
     n, draws = 8000, 2
     x, q = points(kind, n, rng).astype(dtype), charges(n, rng, draws).astype(dtype)
     ref, gref = reference(x, q, dtype=dtype)
@@ -56,11 +58,24 @@ def test_orders_spend_what_eps_allows(kind, dtype, eps, gradient, rng):
 
     err = error(jfmm.fmm(x, q, eps=eps, gradient=gradient))
     assert err <= eps, (config.order, err)
-    if config.order > laplace3d_model.ORDERS[0] and err <= eps / 5:
+    if kind != "cluster" and config.order > laplace3d_model.ORDERS[0] and err <= eps / 5:
         leaf = -(-n // 8 ** config.depth)
         below = error(jfmm.fmm(x, q, eps=eps, gradient=gradient, order=config.order - 1,
                                leaf_size=leaf, tree="uniform"))
         assert below > eps / 10, (config.order, err, below)
+
+
+def test_crowded_far_field_of_a_few_pairs(rng):
+    """Clustered sources whose far field is a handful of outliers, on cube
+    targets, and the sum the other way, within eps: the points and
+    weights of a draw found by CI (the far share weighed the error 7.6x
+    too low there: 1.07e-6 at eps 1e-6), then a fresh draw."""
+    found = np.random.default_rng(3139527716879317615017345086651815462)
+    for gen in (found, rng):
+        x, y = points("cube", 1201, gen), points("cluster", 803, gen)
+        qy, qx = gen.standard_normal(803), charges(1201, gen)
+        assert rel(jfmm.fmm(y, qy, x, eps=1e-6, leaf_size=16), reference(y, qy, x)[0]) < 1e-6
+        assert rel(jfmm.fmm(x, qx, y, eps=1e-6, leaf_size=16), reference(x, qx, y)[0]) < 1e-6
 
 
 @pytest.mark.optimized                   # p = 36: 12 s, not 25 s, optimized
