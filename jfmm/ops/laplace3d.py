@@ -390,8 +390,17 @@ def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
     m2l_offsets: (n_off, 3) integer offsets (source centre minus target
     centre, in box sides). The M2L shift vector is t = target - source.
     Built in float64 where available, then cast, so float32 operators are
-    correctly rounded.
+    correctly rounded; in one compiled program (built op by op, they took
+    some 70 small compilations).
     """
+    dtype = jnp.dtype(dtype)
+    stored = STORED_M2L_BYTES["cpu" if jax.default_backend() == "cpu" else "gpu"]
+    unstored = (len(m2l_offsets) + 1) * p ** 4 * dtype.itemsize > stored
+    return _operators(p, jnp.asarray(m2l_offsets), dtype, unstored)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+def _operators(p: int, m2l_offsets, dtype, unstored: bool) -> Operators:
     work = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
     d = jnp.asarray((lists.child_bits(DIM) - 0.5) / 2.0, work)  # child centre - parent centre, in parent sides
     m2m = _apply_tables(regular(d, p), p, "m2m")
@@ -399,8 +408,7 @@ def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
     t = -jnp.asarray(m2l_offsets, work)
     h = irregular(t, 2 * p - 1)
     h = jnp.concatenate([h, jnp.zeros((1, h.shape[1]), work)])        # the zero operator
-    stored = STORED_M2L_BYTES["cpu" if jax.default_backend() == "cpu" else "gpu"]
-    if (len(t) + 1) * p ** 4 * jnp.dtype(dtype).itemsize > stored:
+    if unstored:
         m2l = M2LFromHarmonics(h.astype(dtype), p)
     else:
         m2l = _apply_tables(h, p, "m2l").astype(dtype)

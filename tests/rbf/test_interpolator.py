@@ -150,6 +150,7 @@ def test_nystrom_factor_and_inverse(rng):
     assert rel(out, np.linalg.solve(P, r)) < 1e-8
 
 
+@pytest.mark.optimized                   # 18 s optimized, 22 s not (alone)
 def test_nystrom_iterations_nearly_independent_of_n(rng, monkeypatch):
     """Iterations to 1e-8 with the Nystrom preconditioner as N grows 10x:
     the rank grows instead, with the kernel matrix's eigenvalues above the
