@@ -8,27 +8,15 @@ import ctypes
 import ctypes.util
 import functools
 import gc
-import importlib.metadata
 import os
 import sys
 import tempfile
 
-# The suite compiles hundreds of small programs and runs each once or
-# twice: LLVM's optimisations cost more than they save there (about 20% of
-# the suite's time on 2 CPU cores), and so do XLA:CPU's fusion emitters and
-# LLVM's expensive passes (another 16-24% on the vortex, adaptive and
-# kernel tests; flags of jaxlib 0.10, where they were measured). Four host
-# devices for the sharded sums (tests/test_distributed.py); the other tests
-# run on the first. Set before jax starts. The backend's optimisation level
-# goes through jax_disable_most_optimizations (level 0 and no expensive
-# LLVM passes, read at each compilation; subprocesses inherit it): tests
-# marked `optimized` turn it off, where running the programs costs more
-# than compiling them (high orders: 2-3x faster to run, `optimized` below).
-_FLAGS = ["--xla_force_host_platform_device_count=4"]
-if importlib.metadata.version("jaxlib").startswith("0.10."):
-    _FLAGS += ["--xla_cpu_use_fusion_emitters=false", "--xla_llvm_disable_expensive_passes=true"]
-os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + _FLAGS).strip()
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+import compile_settings
+
+# Four host devices for the sharded sums (tests/test_distributed.py); the
+# other tests run on the first. Set before jax starts.
+compile_settings.use(4)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -4,17 +4,13 @@ CPU devices each form one mesh of four over jax.distributed (gloo
 collectives); each holds half of every sharded array. Process 0 prints the
 errors of the sharded sum, its gradient and the derivatives of an energy
 against a float64 numpy direct sum."""
-import importlib.metadata
 import os
 import sys
 
+import compile_settings
+
 port, pid = sys.argv[1], int(sys.argv[2])
-# The suite's compile settings (tests/conftest.py; JAX_DISABLE_MOST_OPTIMIZATIONS
-# comes inherited), on two devices.
-_FLAGS = ["--xla_force_host_platform_device_count=2"]
-if importlib.metadata.version("jaxlib").startswith("0.10."):
-    _FLAGS += ["--xla_cpu_use_fusion_emitters=false", "--xla_llvm_disable_expensive_passes=true"]
-os.environ["XLA_FLAGS"] = " ".join(_FLAGS)
+compile_settings.use(2)                 # the suite's, on two devices
 import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
