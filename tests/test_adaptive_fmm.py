@@ -79,6 +79,21 @@ def test_matches_the_direct_sum(case, rng):
     assert rel(grad, gref) <= 10 * eps, rel(grad, gref)
 
 
+def test_2d_gradient_beside_tight_clusters():
+    """A CI draw (conftest's 5 clusters of width 1e-3, targets on a circle)
+    whose clusters each sum like one large charge at the worst geometry of
+    its translations: grad 1.07e-5 at eps 1e-5 with one order above the
+    2D table's, within eps with the two that `configure.on_tree` adds."""
+    rng = np.random.default_rng(65994926134990604761038423713051755844)
+    x = points("cluster", 2001, rng, 2)
+    y, q = points("sphere", 1001, rng, 2), charges(2001, rng)
+    pl = jfmm.plan(x, y, K.Laplace2D(), eps=1e-5, gradient=True, tree="adaptive", leaf_size=16)
+    phi, grad = pl.apply(q, gradient=True)
+    ref, gref = radial_reference(K.Laplace2D(), x, q, y)
+    assert rel(phi, ref) <= 1e-5
+    assert rel(grad, gref) <= 1e-5, rel(grad, gref)
+
+
 def test_counting_fmm_covers_every_pair_once(rng):
     """Unit charges and K = 1 through operators that pass counts on: every
     target receives each source once, through U, V, W and X alike."""
