@@ -41,11 +41,14 @@ K_o F_E^T (k x k): per-axis transforms of the kernel's node matrices K_o
 for 16 canonical offsets, mapped to all 316 by the cube's symmetries
 (`_symmetries`). A translation costs (k / P)^2 of the dense one (0.46 at
 n = 10: k = 678 of 1,000). The matrices are still dense (n_off + 1) x k x
-k per level, which limits n in 3D; compressing them further (SVD per
-offset) is the way to higher orders.
+k per level, which limits n in 3D; above STORED_M2L_BYTES only the 16
+canonical ones are held and each use gathers its offsets' matrices from
+them (`SymmetricM2L`); compressing them further (SVD per offset) is the
+way to higher orders.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -155,6 +158,37 @@ def _truncate(mats, n: int):
     return jnp.swapaxes(x, 1, 2)
 
 
+# Above this many bytes of a level's (n_off + 1, k, k) M2L matrices (per
+# backend) only the 16 canonical ones are held (`SymmetricM2L`): M2L's loop
+# over neighbour positions gathers each position's matrices anyway
+# (`translate.m2l_blocks`), from either. The GPU keeps the measured
+# configurations' stored matrices (float64 n = 10: 1.2 GB); the CPU holds
+# n = 12 float64 in 0.2 GB, not 3.3 GB.
+STORED_M2L_BYTES = {"cpu": 2 ** 29, "gpu": 2 ** 31}
+
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["canon", "which", "index", "sign"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class SymmetricM2L:
+    """The 3D M2L matrices of a level as their 16 canonical ones: `self[i]`
+    is the stored matrices' `mats[i]` (the same values: a gather and signs
+    of +-1), without holding n_off k^2 values.
+
+    canon (n_canon + 1, k, k), the last zero; which (n_off + 1,) the
+    canonical matrix of each offset (the last, the zero slot, the zero
+    one); index (n_off + 1, k) and sign (n_off + 1, k) as `_symmetries`."""
+    canon: jax.Array
+    which: jax.Array
+    index: jax.Array
+    sign: jax.Array
+
+    def __getitem__(self, slot):
+        idx, sign = self.index[slot], self.sign[slot]
+        mats = self.canon[self.which[slot][..., None, None], idx[..., :, None], idx[..., None, :]]
+        return mats * sign[..., :, None] * sign[..., None, :]
+
+
 @functools.lru_cache(maxsize=None)
 def grid(n: int, dim: int) -> np.ndarray:
     """(n^d, d) node coordinates in the order of `tensor.product`."""
@@ -235,19 +269,23 @@ class Chebyshev:
     def m2l_matrices(self, ops, kernel, side, n: int):
         """(n_off + 1, Q, Q) M2L matrices for boxes of side `side` (traced),
         the last one zero. The node matrices K_o[m, m'] = K(side |xi_m -
-        xi_m' - o|) (Q = P, 2D), or in 3D F_E K_o F_E^T (Q = k)."""
+        xi_m' - o|) (Q = P, 2D), or in 3D F_E K_o F_E^T (Q = k), above
+        STORED_M2L_BYTES as a `SymmetricM2L` indexed alike."""
         dt = ops.m2m.dtype
-        if ops.basis is not None:
-            canon, which, index, sign = _symmetries(n)
-            mats = _truncate(_truncate(_node_matrices(kernel, side, n, 3, canon, dt), n), n)
-            index = jnp.asarray(index)
-            sign = jnp.asarray(sign, dt)
-            # One gather of (n_off, k, k), the signs fused into it.
-            mats = (mats[jnp.asarray(which)[:, None, None], index[:, :, None], index[:, None, :]]
-                    * sign[:, :, None] * sign[:, None, :])
-        else:
+        if ops.basis is None:
             mats = _node_matrices(kernel, side, n, self.dim, lists.m2l_offsets(self.dim), dt)
-        return jnp.concatenate([mats, jnp.zeros((1,) + mats.shape[1:], dt)])
+            return jnp.concatenate([mats, jnp.zeros((1,) + mats.shape[1:], dt)])
+        canon, which, index, sign = _symmetries(n)
+        mats = _truncate(_truncate(_node_matrices(kernel, side, n, 3, canon, dt), n), n)
+        k, n_off = index.shape[1], len(which)
+        held = SymmetricM2L(jnp.concatenate([mats, jnp.zeros((1, k, k), dt)]),
+                            jnp.asarray(np.append(which, len(canon))),
+                            jnp.asarray(np.concatenate([index, np.arange(k, dtype=index.dtype)[None]])),
+                            jnp.asarray(np.concatenate([sign, np.ones((1, k))]), dt))
+        stored = STORED_M2L_BYTES["cpu" if jax.default_backend() == "cpu" else "gpu"]
+        if (n_off + 1) * k * k * jnp.dtype(dt).itemsize > stored:
+            return held
+        return held[jnp.arange(n_off + 1)]          # one gather, the signs fused into it
 
     def p2m(self, u, q, n: int):
         """(N, K, P) per-source contributions q_i S_m(u_i)."""

@@ -12,18 +12,28 @@ from jfmm.tree import lists
 FAMILY = ch.Chebyshev(3)
 
 
+@pytest.mark.parametrize("stored", [True, False])
 @pytest.mark.parametrize("kernel", [kernels.Yukawa(2.0), kernels.ThinPlateSpline()])
-def test_matrices_from_symmetries_equal_direct_transforms(kernel):
+def test_matrices_from_symmetries_equal_direct_transforms(kernel, stored, monkeypatch):
     """The 316 offsets' truncated matrices, built from 16 canonical ones by
-    reflections and axis permutations, equal F_E K_o F_E^T built per offset."""
+    reflections and axis permutations, equal F_E K_o F_E^T built per offset:
+    stored, and held as the canonical ones (`SymmetricM2L`, above
+    STORED_M2L_BYTES) and indexed as M2L's loop over positions does."""
+    monkeypatch.setattr(ch, "STORED_M2L_BYTES", {"cpu": 2 ** 62 if stored else 0,
+                                                 "gpu": 2 ** 62 if stored else 0})
     n, side = 5, 0.37
     ops = FAMILY.operators(n, lists.m2l_offsets(3), jnp.float64)
-    got = FAMILY.m2l_matrices(ops, kernel, side, n)
+    mats = FAMILY.m2l_matrices(ops, kernel, side, n)
+    assert isinstance(mats, jax.Array) == stored
+    slots = jnp.asarray(lists.m2l_slots(3)[:, :, :2])           # (3^3, 8, 2): some are zero
+    got = mats[slots]
     nodes = ch._node_matrices(kernel, side, n, 3, lists.m2l_offsets(3), jnp.float64)
     want = ch._truncate(ch._truncate(nodes, n), n)
-    assert got.shape == (317, len(ch._ball(n, 3)), len(ch._ball(n, 3)))
-    assert float(jnp.max(jnp.abs(got[:-1] - want))) < 1e-14 * float(jnp.max(jnp.abs(want)))
-    assert not np.any(np.asarray(got[-1]))
+    want = jnp.concatenate([want, jnp.zeros((1,) + want.shape[1:])])[slots]
+    k = len(ch._ball(n, 3))
+    assert got.shape == slots.shape + (k, k)
+    assert float(jnp.max(jnp.abs(got - want))) < 1e-14 * float(jnp.max(jnp.abs(want)))
+    assert (lists.m2l_slots(3)[:, :, :2] == len(lists.m2l_offsets(3))).any()
 
 
 def test_truncated_translation_matches_the_kernel(rng):
