@@ -59,8 +59,8 @@ def test_far_share_is_not_carried_by_a_few_close_pairs(rng):
     """One pair 1e-7 apart among sphere points carries nearly all of sum
     1/r^2, yet adds to |phi| only as much as its two charges allow: the far
     field's share, which sets 3D Laplace's order on uniform trees, keeps
-    about the value it has without that pair (it fell 10^6-fold when every
-    pair counted)."""
+    about the value it had before the two points met (it fell 10^6-fold
+    when every pair counted)."""
     x = points("sphere", 2400, rng)
     share = lambda a: float(laplace3d_model.far_share(jnp.asarray(a), None, 2))  # noqa: E731
     before = share(x)

@@ -137,9 +137,10 @@ def far_share(sources, targets, depth: int):
     """The share of sum 1/r^2 over the pairs of up to SHARE_TARGETS evenly
     strided targets (None: the sources) and every source that the uniform
     tree of `depth` leaves to its far field (pairs in leaves that are not
-    neighbours), the SHARE_TRIM largest near pairs left out of the sum; with separate targets, the larger of the sum's and of its
-    adjoint's (sources and targets swapped, which reverse mode in the
-    charges runs on the same order). A scalar; jit-able."""
+    neighbours), the SHARE_TRIM largest near pairs left out of the sum;
+    with separate targets, the larger of the sum's and of its adjoint's
+    (sources and targets swapped, which reverse mode in the charges runs on
+    the same order). A scalar; jit-able."""
     lo, side = root_box(sources if targets is None else jnp.concatenate([sources, targets]))
     cells = functools.partial(leaf_coords, lo=lo, side=side, depth=depth)
 

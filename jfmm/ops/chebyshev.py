@@ -278,10 +278,11 @@ class Chebyshev:
         canon, which, index, sign = _symmetries(n)
         mats = _truncate(_truncate(_node_matrices(kernel, side, n, 3, canon, dt), n), n)
         k, n_off = index.shape[1], len(which)
+        zero = len(canon)                            # the zero slot: a zero matrix, unpermuted
         held = SymmetricM2L(jnp.concatenate([mats, jnp.zeros((1, k, k), dt)]),
-                            jnp.asarray(np.append(which, len(canon))),
-                            jnp.asarray(np.concatenate([index, np.arange(k, dtype=index.dtype)[None]])),
-                            jnp.asarray(np.concatenate([sign, np.ones((1, k))]), dt))
+                            jnp.asarray(np.append(which, zero)),
+                            jnp.asarray(np.vstack([index, np.arange(k, dtype=index.dtype)])),
+                            jnp.asarray(np.vstack([sign, np.ones(k)]), dt))
         stored = STORED_M2L_BYTES["cpu" if jax.default_backend() == "cpu" else "gpu"]
         if (n_off + 1) * k * k * jnp.dtype(dt).itemsize > stored:
             return held
