@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm.ops import tensor
+from jfmm.ops import tensor, translate
 from jfmm.tree import lists
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -283,8 +283,7 @@ class Chebyshev:
                             jnp.asarray(np.append(which, zero)),
                             jnp.asarray(np.vstack([index, np.arange(k, dtype=index.dtype)])),
                             jnp.asarray(np.vstack([sign, np.ones(k)]), dt))
-        stored = STORED_M2L_BYTES["cpu" if jax.default_backend() == "cpu" else "gpu"]
-        if (n_off + 1) * k * k * jnp.dtype(dt).itemsize > stored:
+        if not translate.stores_m2l(STORED_M2L_BYTES, n_off + 1, k, dt):
             return held
         return held[jnp.arange(n_off + 1)]          # one gather, the signs fused into it
 

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jfmm.ops import translate
 from jfmm.tree import lists
 
 DIM = 3
@@ -394,8 +395,7 @@ def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
     some 70 small compilations).
     """
     dtype = jnp.dtype(dtype)
-    stored = STORED_M2L_BYTES["cpu" if jax.default_backend() == "cpu" else "gpu"]
-    unstored = (len(m2l_offsets) + 1) * p ** 4 * dtype.itemsize > stored
+    unstored = not translate.stores_m2l(STORED_M2L_BYTES, len(m2l_offsets) + 1, p * p, dtype)
     return _operators(p, jnp.asarray(m2l_offsets), dtype, unstored)
 
 

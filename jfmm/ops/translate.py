@@ -71,6 +71,16 @@ def _product(spec: str, a, w, bf16x6: bool, per_position: str | None = None):
     return out + jnp.sum(lead, axis=0)
 
 
+def stores_m2l(limits: dict, count: int, size: int, dtype) -> bool:
+    """Whether a family stores `count` (size x size) M2L matrices of `dtype`,
+    within its byte limits per backend ({"cpu": ..., "gpu": ...}), or
+    holds something smaller that builds them where `m2l_blocks` indexes
+    them (its loop over neighbour positions gathers each position's
+    matrices anyway)."""
+    limit = limits["cpu" if jax.default_backend() == "cpu" else "gpu"]
+    return count * size * size * jnp.dtype(dtype).itemsize <= limit
+
+
 # Bytes of gathered operators and neighbour multipoles that one product of
 # `m2l` may hold; beyond them it loops (over parent chunks, or over the 3^d
 # neighbour positions when the operators alone are too large).
