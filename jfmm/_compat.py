@@ -12,6 +12,18 @@ ShapedArray = getattr(jax.core, "ShapedArray", None)
 if ShapedArray is None:
     from jax._src.core import ShapedArray
 
+try:
+    from jax._src.core import trace_state_clean as _top_level
+except ImportError:                     # a release without it: ask with a value
+    def _top_level():
+        return not isinstance(jax.numpy.zeros(()), Tracer)
+
+
+def tracing() -> bool:
+    """Whether a transformation (jit, vmap, grad) is tracing now, asked
+    without creating an array: a repeated eager call checks it every time,
+    and a new array costs a device dispatch there."""
+    return not _top_level()
 
 
 def known_value(x):
@@ -25,4 +37,4 @@ def known_value(x):
 
 
 __all__ = ["Literal", "Primitive", "ShapedArray", "Tracer", "ad", "batching", "known_value",
-           "mlir"]
+           "mlir", "tracing"]

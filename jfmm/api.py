@@ -8,6 +8,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 
+from jfmm import _compat
 from jfmm import configure as _configure
 from jfmm import distributed as _distributed
 from jfmm import inputs as _inputs
@@ -211,7 +212,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
     the first or where anything is traced."""
     values = _configure.kernel_key(kernel)
     pts = (sources,) if targets is None else (sources, targets)
-    if (values is None or not _configure.concrete(jnp.zeros(()))
+    if (values is None or _compat.tracing()
             or not all(isinstance(x, jax.Array) and _configure.concrete(x) for x in pts)):
         return None
     options = (values, eps, leaf_size, order, family, gradient, tree, mesh, targets is None)
