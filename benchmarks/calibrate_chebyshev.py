@@ -1,7 +1,9 @@
 """The Chebyshev error model against measurement: for each kernel, point
 distribution and order n (forced), the estimated and measured relative L2
 errors of phi and grad phi (float64, errors over 1,000 targets against the
-float64 direct sum, the largest over --draws charge vectors) and their
+float64 direct sum, the largest over --draws random charge vectors; with
+--moment-free half of them have zero sum and zero first moments, as the
+weights of an RBF interpolant with a linear polynomial tail) and their
 ratios, from which the model's margins are set (`jfmm.models.chebyshev`).
 CPU is enough.
 
@@ -32,6 +34,15 @@ def clusters(n: int, rng, dim: int) -> np.ndarray:
     return x
 
 
+def moment_free_half(q: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """q (N, k) with its last k // 2 columns projected to zero sum and zero
+    first moments sum_i q_i x_i."""
+    p = np.hstack([np.ones((x.shape[0], 1)), x])
+    half = q[:, q.shape[1] - q.shape[1] // 2:]
+    half -= p @ np.linalg.lstsq(p, half, rcond=None)[0]
+    return q
+
+
 def estimate(kernel, x: np.ndarray, n: int):
     """The model's (err phi, err grad) at n nodes for sources = targets = x."""
     dim = x.shape[1]
@@ -52,6 +63,8 @@ def main():
     ap.add_argument("--orders", default="4-9")
     ap.add_argument("--kernels", default=None, help="comma-separated indices into the list")
     ap.add_argument("--draws", type=int, default=8, help="random charge vectors per point set")
+    ap.add_argument("--moment-free", action="store_true",
+                    help="half of the draws with zero sum and zero first moments")
     args = ap.parse_args()
     lo, hi = (int(v) for v in args.orders.split("-"))
     rng = np.random.default_rng(args.seed)
@@ -67,6 +80,8 @@ def main():
         x = clusters(args.n, rng, args.dim) if kind == "cluster" else \
             make_points(kind, args.n, rng, args.dim)
         q = rng.random((args.n, args.draws)) - 0.5
+        if args.moment_free:
+            q = moment_free_half(q, x)
         idx = sample(rng, args.n)
         xj, qj = jnp.asarray(x), jnp.asarray(q)
         for k in kernels:
