@@ -168,3 +168,21 @@ def test_eager_calls_on_the_same_arrays_reuse_one_plan(rng):
     assert first is api._eager_plan(x, None, kernel, *opts)
     assert first is not api._eager_plan(jnp.array(x), None, kernel, *opts)
     assert first is not api._eager_plan(x, None, K.Gaussian(5.0), *opts)
+
+
+def test_remembered_plans_stay_out_of_transformations(rng):
+    """Inside jit, vmap or grad an eager call on remembered concrete points
+    does not take (or make) the remembered plan."""
+    from jfmm import _compat, api
+
+    assert not _compat.tracing()
+    seen = []
+    jax.jit(lambda v: seen.append(_compat.tracing()) or v)(1.0)
+    jax.vmap(lambda v: seen.append(_compat.tracing()) or v)(jnp.ones(2))
+    jax.grad(lambda v: seen.append(_compat.tracing()) or v)(1.0)
+    assert seen == [True, True, True]
+    x = jnp.asarray(points("cube", 300, rng))
+    opts = (1e-6, None, None, None, False, "auto")
+    api._eager_plan(x, None, K.Gaussian(4.0), *opts)
+    assert api._eager_plan(x, None, K.Gaussian(4.0), *opts) is not None
+    assert jax.jit(lambda: api._eager_plan(x, None, K.Gaussian(4.0), *opts) is None)()
