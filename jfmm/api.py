@@ -113,6 +113,17 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     (`configure.resolve_eager`), and calls on the same jax arrays the plan
     of the second: a repeated call costs about a `Plan.apply`.
 
+    eps holds for charges of any sign that do not cancel by construction.
+    Charges with zero sum and zero first moments (the weights of an RBF
+    interpolant with a linear polynomial tail) cancel in phi's smoothest
+    modes while the far field's error stays: for kernels smooth over the
+    points' extent they err up to about 10 eps (measured on spheres:
+    Multiquadric(1) in float32 at eps 1e-4, 10.7 eps at 4,096 points and
+    3.7 eps at 2^20; InverseQuadratic(1) in float64 at 1e-6, 2.0 eps at
+    2^20; 3D Laplace within eps). For such sums use float64 and ask for
+    eps / 10 (measured within eps / 2); in float32 rounding alone errs up
+    to 5e-5 there, the direct sum's too.
+
     Every JAX transformation works with respect to sources, charges and
     targets (jfmm.primitive): jax.grad of the potential costs two FMM calls
     with gradient (the forward one and its adjoint, the FMM with sources and
