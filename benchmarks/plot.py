@@ -239,7 +239,7 @@ def speedup(data, docs):
         ax.legend(fontsize=7)
     if kernels:
         _kernel_bars(axes.pop(0), kernels)
-    fig.suptitle("Speed-up over the direct sum, potential and gradient, uniform points; "
+    fig.suptitle("Speed-up over the direct sum, potential and gradient, uniform points\n"
                  + where(env for env, _ in {**laplace, **kernels}.values()), fontsize=10)
     save(fig, docs, "speedup.png")
     return True
