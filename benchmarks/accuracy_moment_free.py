@@ -64,7 +64,7 @@ def main():
                 xd, qd = jnp.asarray(x, dtype), jnp.asarray(q, dtype)
                 c = chosen(xd, k, eps, False)
                 phi = np.asarray(jfmm.fmm(xd, qd, kernel=k, eps=eps), np.float64)[idx]
-                errs = [rel(phi[:, c], ref[:, c]) for c in range(q.shape[1])]
+                errs = [rel(phi[:, j], ref[:, j]) for j in range(q.shape[1])]
                 free = max(errs[args.draws:])
                 table.add(dict(n=args.n, kernel=label(k), dim=3, points=kind, dtype=dtype,
                                eps=eps, family=c.name, order=c.order, depth=c.depth,

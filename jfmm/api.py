@@ -121,7 +121,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     Multiquadric(1) in float32 at eps 1e-4, 10.7 eps at 4,096 points and
     3.7 eps at 2^20; InverseQuadratic(1) in float64 at 1e-6, 2.0 eps at
     2^20; 3D Laplace within eps). For such sums use float64 and ask for
-    eps / 10 (measured within eps / 2); in float32 rounding alone errs up
+    eps / 10 (measured within eps / 20); in float32 rounding alone errs up
     to 5e-5 there, the direct sum's too.
 
     Every JAX transformation works with respect to sources, charges and
