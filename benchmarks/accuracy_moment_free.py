@@ -29,7 +29,7 @@ from jfmm import configure, kernels as K  # noqa: E402
 from accuracy_rbf import label  # noqa: E402
 from calibrate_orders import chosen  # noqa: E402
 
-KERNELS = [K.Laplace3D(), K.Gaussian(1.0), K.Multiquadric(1.0), K.InverseMultiquadric(1.0),
+KERNELS = [K.Gaussian(1.0), K.Multiquadric(1.0), K.InverseMultiquadric(1.0),
            K.InverseQuadratic(1.0), K.ThinPlateSpline(), K.Linear(), K.Cubic()]
 COLUMNS = [("kernel", "kernel", ""), ("points", "points", ""), ("dtype", "dtype", ""),
            ("eps", "eps", "g"),
@@ -41,21 +41,24 @@ COLUMNS = [("kernel", "kernel", ""), ("points", "points", ""), ("dtype", "dtype"
 def main():
     ap = parser(__doc__, repeats=False)
     ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--dim", type=int, default=3)
     ap.add_argument("--points", default="cube,sphere")
     ap.add_argument("--cases", default="float32:1e-4,float64:1e-6", help="dtype:eps, comma-separated")
     ap.add_argument("--draws", type=int, default=2)
     args = ap.parse_args()
     configure.DIRECT_PAIRS = {"cpu": {}, "gpu": {}}       # every row sums by its family
     rng = np.random.default_rng(args.seed)
-    table = Table(f"random and moment-free charges, N = {args.n:,}, 3D, potential", COLUMNS)
+    table = Table(f"random and moment-free charges, N = {args.n:,}, {args.dim}D, potential",
+                  COLUMNS)
+    laplace = K.Laplace3D() if args.dim == 3 else K.Laplace2D()
     for kind in args.points.split(","):
-        x = make_points(kind, args.n, rng).astype(np.float32).astype(np.float64)
+        x = make_points(kind, args.n, rng, args.dim).astype(np.float32).astype(np.float64)
         q = rng.random((args.n, 2 * args.draws)) - 0.5
         p = np.hstack([np.ones((args.n, 1)), x])
         q[:, args.draws:] -= p @ np.linalg.lstsq(p, q[:, args.draws:], rcond=None)[0]
         q = q.astype(np.float32).astype(np.float64)
         idx = sample(rng, args.n)
-        for k in KERNELS:
+        for k in [laplace] + KERNELS:
             ref = np.asarray(jfmm.direct(jnp.asarray(x), jnp.asarray(q), jnp.asarray(x[idx]),
                                          kernel=k))
             for case in args.cases.split(","):
@@ -66,7 +69,7 @@ def main():
                 phi = np.asarray(jfmm.fmm(xd, qd, kernel=k, eps=eps), np.float64)[idx]
                 errs = [rel(phi[:, j], ref[:, j]) for j in range(q.shape[1])]
                 free = max(errs[args.draws:])
-                table.add(dict(n=args.n, kernel=label(k), dim=3, points=kind, dtype=dtype,
+                table.add(dict(n=args.n, kernel=label(k), dim=args.dim, points=kind, dtype=dtype,
                                eps=eps, family=c.name, order=c.order, depth=c.depth,
                                err_random=max(errs[:args.draws]), err_moment_free=free,
                                over=free / eps))
