@@ -26,7 +26,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import Table, make_points, parser, rel, sample  # noqa: E402
+from common import Table, make_points, moment_free, parser, rel, sample  # noqa: E402
 import jfmm  # noqa: E402
 from jfmm import configure, kernels as K  # noqa: E402
 from accuracy_rbf import label  # noqa: E402
@@ -57,8 +57,7 @@ def main():
     for kind in args.points.split(","):
         x = make_points(kind, args.n, rng, args.dim).astype(np.float32).astype(np.float64)
         q = rng.random((args.n, 2 * args.draws)) - 0.5
-        p = np.hstack([np.ones((args.n, 1)), x])
-        q[:, args.draws:] -= p @ np.linalg.lstsq(p, q[:, args.draws:], rcond=None)[0]
+        q[:, args.draws:] = moment_free(q[:, args.draws:], x)
         q = q.astype(np.float32).astype(np.float64)
         idx = sample(rng, args.n)
         for k in [laplace] + KERNELS:

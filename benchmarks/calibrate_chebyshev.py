@@ -17,7 +17,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import Table, make_points, parser, rel, sample  # noqa: E402
+from common import Table, make_points, moment_free, parser, rel, sample  # noqa: E402
 import jfmm  # noqa: E402
 from jfmm import configure  # noqa: E402
 from jfmm.models import Points, chebyshev, depth_for  # noqa: E402
@@ -32,15 +32,6 @@ def clusters(n: int, rng, dim: int) -> np.ndarray:
     k = max(1, n // 200)
     x[:k] = rng.random((k, dim)) * 20 - 10
     return x
-
-
-def moment_free_half(q: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """q (N, k) with its last k // 2 columns projected to zero sum and zero
-    first moments sum_i q_i x_i."""
-    p = np.hstack([np.ones((x.shape[0], 1)), x])
-    half = q[:, q.shape[1] - q.shape[1] // 2:]
-    half -= p @ np.linalg.lstsq(p, half, rcond=None)[0]
-    return q
 
 
 def estimate(kernel, x: np.ndarray, n: int):
@@ -81,7 +72,8 @@ def main():
             make_points(kind, args.n, rng, args.dim)
         q = rng.random((args.n, args.draws)) - 0.5
         if args.moment_free:
-            q = moment_free_half(q, x)
+            half = args.draws - args.draws // 2
+            q[:, half:] = moment_free(q[:, half:], x)
         idx = sample(rng, args.n)
         xj, qj = jnp.asarray(x), jnp.asarray(q)
         for k in kernels:

@@ -98,6 +98,14 @@ def make_points(kind: str, n: int, rng, dim: int = 3) -> np.ndarray:
     raise ValueError(f"points {kind!r} in {dim}D: use cube, sphere, clusters or (3D) plummer")
 
 
+def moment_free(q: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Charges q (N, k) at points x (N, d) projected to zero sum and zero
+    first moments sum_i q_i x_i, as the weights of an RBF interpolant with a
+    linear polynomial tail are."""
+    p = np.hstack([np.ones((x.shape[0], 1)), x])
+    return q - p @ np.linalg.lstsq(p, q, rcond=None)[0]
+
+
 def sample(rng, n: int, k: int = 1000) -> np.ndarray:
     """min(k, n) distinct indices: the targets errors are measured on."""
     return rng.choice(n, size=min(k, n), replace=False)
