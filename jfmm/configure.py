@@ -243,19 +243,16 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None) -> Confi
     tree may hold far below the uniform tree's depth). The series families'
     errors do not depend on the box size: their order stands, as does a
     caller's `order`, except the 2D series' gradient on adaptive trees,
-    which errs more than on the uniform trees its table was measured on:
-    each tight cluster sums like one large charge, which may sit at the
-    worst geometry of its translations (CPU, 2,001 sources in 5 clusters
-    of width 1e-3, 1,001 targets on a circle, eps 1e-5, 46 draws: grad up
-    to 1.07e-5 at p = 13, the table's order plus one; up to 4.6e-6 at
-    p = 14): two orders more; and the 3D series, whose potential errs 2.5-2.7x its
-    typical error there (1.8-1.9x on uniform trees) and whose gradient, in
-    small sets, errs most at a target beside a dense cluster: the larger
-    margins of `laplace3d.order_for_eps(adaptive=True)`."""
+    which errs more than on the uniform trees its table was measured on
+    (`laplace2d.on_adaptive`), and the 3D series, whose potential errs
+    2.5-2.7x its typical error there (1.8-1.9x on uniform trees) and whose
+    gradient, in small sets, errs most at a target beside a dense cluster:
+    the larger margins of `laplace3d.order_for_eps(adaptive=True)`."""
     if config.tree != "adaptive" or config.family is None or order is not None:
         return config
-    if config.name == "laplace2d" and config.gradient:
-        return dataclasses.replace(config, order=min(config.order + 2, laplace2d_model.MAX_ORDER))
+    if config.name == "laplace2d":
+        return dataclasses.replace(config, order=laplace2d_model.on_adaptive(config.order,
+                                                                             config.gradient))
     if config.name == "laplace3d":
         n_tgt = sources.shape[0] if targets is None else targets.shape[0]
         p = laplace3d_model.order_for_eps(config.eps, sources.dtype,

@@ -83,7 +83,7 @@ def test_2d_gradient_beside_tight_clusters():
     """A CI draw (conftest's 5 clusters of width 1e-3, targets on a circle)
     whose clusters each sum like one large charge at the worst geometry of
     its translations: grad 1.07e-5 at eps 1e-5 with one order above the
-    2D table's, within eps with the two that `configure.on_tree` adds."""
+    2D table's, within eps with the two that `laplace2d.on_adaptive` adds."""
     rng = np.random.default_rng(65994926134990604761038423713051755844)
     x = points("cluster", 2001, rng, 2)
     y, q = points("sphere", 1001, rng, 2), charges(2001, rng)
