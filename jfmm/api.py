@@ -193,21 +193,26 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                                      for x in (sources, charges, targets))
     # The same jax arrays as a checked earlier call: its plan, without checks.
     opts = (eps, leaf_size, order, family, gradient, tree)
-    known = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, make=False)
+    charged = _charged(sources, targets, charges, kernel, family, order, mesh)
+    known = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, make=False,
+                        charged=charged)
     if known is not None:
         return known.apply(charges, gradient)
     given = (sources, targets)
     sources, q, targets, layout = _inputs.prepare(sources, charges, targets, kernel)
     if sources is given[0] and targets is given[1]:     # jax arrays of the working dtype
-        remembered = _eager_plan(sources, targets, kernel, *opts, mesh=mesh)
+        remembered = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, charged=charged)
         if remembered is not None:
             return remembered.apply(charges, gradient)
-    config = _configure.resolve_eager(sources, targets, kernel, *opts)   # remembered
+    elif mesh is None:
+        charged = _configure.charged(sources, targets, kernel, q, family, order)
+    config = _configure.resolve_eager(sources, targets, kernel, *opts,     # remembered
+                                      charged=charged)
     config = _configure.choose_tree(config, sources, targets, tree)
     config = _configure.on_uniform(config, kernel, sources, targets, order,
                                    leaf_size).with_mesh(mesh)
     if config.tree == "adaptive":
-        pl = _new_plan(sources, targets, kernel, config, order)
+        pl = _new_plan(sources, targets, kernel, config, order, charged)
         phi, grad = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
     else:
         phi, grad = _call(_fmm_jits, sources, q, targets, kernel, config=config,
@@ -215,21 +220,35 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     return _inputs.finish(phi, grad, layout, gradient)
 
 
+def _charged(sources, targets, charges, kernel, family, order, mesh):
+    """`configure.charged` for a call's charges, as given (None on a mesh,
+    or where the points are not yet jax arrays of floats)."""
+    if mesh is not None or not isinstance(sources, jax.Array):
+        return None
+    try:
+        q, _ = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
+    except (ValueError, TypeError):     # `prepare` says what is wrong
+        return None
+    return _configure.charged(sources, targets, kernel, q, family, order)
+
+
 _PLANS = []      # (sources, targets weak references, options, Plan) of recent eager calls
 
 
 def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree,
-                mesh=None, make=True):
+                mesh=None, make=True, charged=None):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
-    options, made on the second (make=False: only one made before); None on
-    the first or where anything is traced."""
+    options (and moments of the charges, `configure.charged`), made on the
+    second (make=False: only one made before); None on the first or where
+    anything is traced."""
     values = _configure.kernel_key(kernel)
     pts = (sources,) if targets is None else (sources, targets)
     if (values is None or _compat.tracing()
             or not all(isinstance(x, jax.Array) and _configure.concrete(x) for x in pts)):
         return None
-    options = (values, eps, leaf_size, order, family, gradient, tree, mesh, targets is None)
+    options = (values, eps, leaf_size, order, family, gradient, tree, mesh, targets is None,
+               charged)
     for i, (refs, opts, pl) in enumerate(_PLANS):
         if opts == options and all(r() is x for r, x in zip(refs, pts)):
             break
@@ -241,7 +260,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
         return None
     if pl is None and make:
         pl = _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree,
-                   mesh, fixed=True)
+                   mesh, fixed=True, charged=charged)
         _PLANS[i] = (refs, opts, pl)
     return pl
 
@@ -346,7 +365,7 @@ _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
 _adaptive_jit = jax.jit(_adaptive.build, static_argnums=(2, 3))
 
 
-def _new_plan(sources, targets, kernel, config: Config, order=None) -> Plan:
+def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None) -> Plan:
     """The plan of a configuration: its tree (an adaptive one sized from
     these concrete points, and the order for it) and operators. A plan
     keeps one family: of a configuration with a fallback (traced points),
@@ -354,14 +373,14 @@ def _new_plan(sources, targets, kernel, config: Config, order=None) -> Plan:
     config = config.fallback or config
     if config.tree == "adaptive":
         tree = _adaptive.plan_tree(sources, targets, config.leaf)
-        config = _configure.on_tree(config, tree, kernel, sources, targets, order)
+        config = _configure.on_tree(config, tree, kernel, sources, targets, order, charged)
     else:
         tree = _build_jit(sources, targets, config.depth)
     return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config)
 
 
 def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_size=None,
-         order=None, family=None, gradient=False, tree="auto", mesh=None):
+         order=None, family=None, gradient=False, tree="auto", mesh=None, charges=None):
     """Build the tree and operators once; see `Plan.apply` and `Plan.update`.
     gradient=True: an order whose gradients (`apply(q, gradient=True)`,
     derivatives along point moves) meet eps too; else phi's alone. tree:
@@ -369,23 +388,37 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     `fmm`). The order serves any points of these sizes that `update` may
     bring (for kernels with a length scale, of about the same extent); an
     eager `fmm` call may take a lower one for crowded points
-    (`configure.on_uniform`)."""
-    return _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree, mesh)
+    (`configure.on_uniform`).
+
+    charges (N,) or (N, k), optional: charges like those the plan will
+    sum. The Chebyshev family then chooses its order for how they cancel
+    (`fmm`): random charges take lower orders than a plan made without
+    them, which holds for any charges that do not cancel by construction;
+    charges that do (RBF weights with a polynomial tail) take the higher
+    order they need. A plan made with one kind and applied to the other
+    loses that guarantee."""
+    return _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree, mesh,
+                 charges=charges)
 
 
 def _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree, mesh,
-          fixed=False):
+          fixed=False, charged=None, charges=None):
     """`plan`; fixed: for these points alone (eager calls' plans), whose
-    3D Laplace order may weigh their far field's share (`on_uniform`)."""
+    3D Laplace order may weigh their far field's share (`on_uniform`);
+    charged: `configure.charged` of the charges, where the caller has it,
+    else of `charges` (None: none given)."""
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
     if mesh is not None:
         mesh = _distributed.check_mesh(mesh)
         sources, targets = (_distributed.on_mesh(x, mesh) for x in (sources, targets))
     sources, targets = _inputs.points_of(sources, targets, kernel)
+    if charges is not None and charged is None and mesh is None:
+        q, _ = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
+        charged = _configure.charged(sources, targets, kernel, q, family, order)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
-                                      gradient, tree)
+                                      gradient, tree, charged)
     config = _configure.choose_tree(config, sources, targets, tree)
     if fixed:
         config = _configure.on_uniform(config, kernel, sources, targets, order, leaf_size)
-    return _new_plan(sources, targets, kernel, config.with_mesh(mesh), order)
+    return _new_plan(sources, targets, kernel, config.with_mesh(mesh), order, charged)

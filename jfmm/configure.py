@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jfmm import _compat
 from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm._compat import Tracer, known_value
@@ -235,7 +236,8 @@ def on_uniform(config: Config, kernel, sources, targets, order=None,
     return dataclasses.replace(config, order=p, depth=depth)
 
 
-def on_tree(config: Config, tree, kernel, sources, targets, order=None) -> Config:
+def on_tree(config: Config, tree, kernel, sources, targets, order=None,
+            charged=None) -> Config:
     """The configuration for a built adaptive tree: the Chebyshev family's
     order from the error of the levels this tree translates at, weighed by
     the pairs it translates there (`adaptive.pair_shares`; a kernel with a
@@ -247,7 +249,8 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None) -> Confi
     (`laplace2d.on_adaptive`), and the 3D series, whose potential errs
     2.5-2.7x its typical error there (1.8-1.9x on uniform trees) and whose
     gradient, in small sets, errs most at a target beside a dense cluster:
-    the larger margins of `laplace3d.order_for_eps(adaptive=True)`."""
+    the larger margins of `laplace3d.order_for_eps(adaptive=True)`.
+    charged: as in `resolve`."""
     if config.tree != "adaptive" or config.family is None or order is not None:
         return config
     if config.name == "laplace2d":
@@ -276,7 +279,7 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None) -> Confi
         moments = chebyshev_model.exact_moments(kernel, jnp.asarray(sources, few.dtype), few,
                                                 sample.x, sample.y, side, dim)
     points = Points(n_src, n_tgt, n_src + (0 if targets is None else n_tgt), dim, None,
-                    sample, (side, levels, moments))
+                    sample, (side, levels, moments), charged)
     choice = chebyshev_model.choose(kernel, config.eps, sources.dtype, points, None,
                                     config.gradient)
     return dataclasses.replace(config, order=choice.order)
@@ -317,7 +320,7 @@ def _tree_family(kernel, dim: int, choice: str):
 
 
 def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=False,
-            gradient=True, tree="auto") -> Config:
+            gradient=True, tree="auto", charged=None) -> Config:
     """The `Config` of `fmm` and `plan` for prepared points.
 
     Below the direct sum's crossover (`DIRECT_PAIRS`; "auto", no order,
@@ -332,7 +335,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     gradient: whether grad phi's error must be within eps too (each
     family's model then chooses for the larger of the two errors).
     Kernel parameters differentiated eagerly (jax.grad outside jit) choose
-    by their values (`known_kernel`)."""
+    by their values (`known_kernel`). charged: the moments of the charges
+    to be summed (`charged`), for the Chebyshev family's estimate."""
     kernel = known_kernel(kernel)
     n_src, dim = sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
@@ -352,7 +356,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     if sample is False:
         sample = _pair_sample(sources, targets) if _sampled(kernel, dim, order, family) else None
     points = Points(n_src, n_tgt, n_src + (0 if targets is None else n_tgt), dim, leaf_size,
-                    sample)
+                    sample, charged=charged)
     gauss = None
     if family == "hermite" or (family == "auto" and gaussian and order is None and eps
                                >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name]):
@@ -455,6 +459,41 @@ def _sampled(kernel, dim: int, order, family: str) -> bool:
                                       or order is None and (gaussian or chebyshev))
 
 
+# Charges known when the configuration is made (eager `fmm` calls, `plan`
+# given charges) are summed directly at CHARGE_TARGETS strided targets for
+# the Chebyshev estimate's denominator (`chebyshev.charge_moments`); the
+# moments are rounded down to a power of sqrt(2), so that repeated calls
+# with like charges find their configuration remembered.
+CHARGE_TARGETS = 256
+
+
+def charged(sources, targets, kernel, q, family, order):
+    """The Chebyshev estimate's moments for charges q (N, K) of the points'
+    dtype (rounded down), or None where they are not used: a caller's
+    order, traced kernel parameters, points or charges, or a family other
+    than Chebyshev. sources and targets: jax arrays of floats (otherwise
+    None is returned)."""
+    kernel = known_kernel(kernel)
+    fam = _check_family(family)
+    pts = [sources] + ([] if targets is None else [targets])
+    if (order is not None or fam == "hermite" or _compat.tracing()
+            or not all(isinstance(x, jax.Array) and concrete(x)
+                       and jnp.issubdtype(x.dtype, jnp.floating) for x in pts)
+            or not concrete(q) or not kernel.is_concrete()):
+        return None
+    dim = sources.shape[1]
+    if (_tree_family(kernel, dim, fam)[1] is not chebyshev_model
+            or fam == "auto" and _cored(kernel, dim)):
+        return None
+    y = sources if targets is None else targets
+    y = y[::max(1, y.shape[0] // CHARGE_TARGETS)][:CHARGE_TARGETS]
+    with jax.ensure_compile_time_eval():
+        moments = chebyshev_model.charge_moments(kernel, sources, q, y)
+    if moments is None or not all(np.isfinite(m) and m > 0 for m in moments):
+        return None
+    return tuple(float(2.0 ** (np.floor(2 * np.log2(m)) / 2)) for m in moments)
+
+
 # Repeated eager calls: configurations remembered (LRU).
 CACHE_ENTRIES = 32
 _RESOLVED: collections.OrderedDict = collections.OrderedDict()
@@ -492,14 +531,14 @@ def kernel_key(kernel):
 
 
 def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
-                  gradient=True, tree="auto") -> Config:
+                  gradient=True, tree="auto", charged=None) -> Config:
     """`resolve` for concrete points and kernel, remembered for repeated
     calls. The key holds everything `resolve` reads: the kernel's values,
     the shapes, dtype, eps and overrides, and where the choice depends on
     the points (a model's sample, a Gaussian's extent) their root box and
     sample pairs, so a hit returns what `resolve` would. Traced inputs
     resolve anew; traced points, which a transformation may move, bound the
-    gradient's error whatever `gradient` says."""
+    gradient's error whatever `gradient` says. charged: see `resolve`."""
     kernel = known_kernel(kernel)
     kernel_values = kernel_key(kernel)
     pts = [sources] + ([] if targets is None else [targets])
@@ -520,9 +559,10 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                          sample.y.tobytes())
     key = (kernel_values, sources.shape, None if targets is None else targets.shape,
            jnp.dtype(sources.dtype).name, eps, leaf_size, order, family, where, gradient,
-           tree == "auto")
+           tree == "auto", charged)
     return _remember(_RESOLVED, key, lambda: resolve(sources, targets, kernel, eps, leaf_size,
-                                                     order, family, sample, gradient, tree))
+                                                     order, family, sample, gradient, tree,
+                                                     charged))
 
 
 # Source-target pairs below which the direct sum (all pairs of a one-box

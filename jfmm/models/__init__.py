@@ -38,7 +38,8 @@ class Points(NamedTuple):
     traced), and for an adaptive tree (root side, {level: share of the
     source-target pairs translated there} (`adaptive.pair_shares`), the
     kernel's moments over its points (`chebyshev.exact_moments`)); None: a
-    uniform tree's."""
+    uniform tree's; charged: the moments of the charges to be summed
+    (`chebyshev.charge_moments`), None where they are not known."""
     n_src: int
     n_tgt: int
     n_points: int
@@ -46,6 +47,7 @@ class Points(NamedTuple):
     leaf_size: int | None
     sample: Sample | None
     shares: tuple | None = None
+    charged: tuple | None = None
 
 
 class Choice(NamedTuple):

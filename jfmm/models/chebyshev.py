@@ -161,6 +161,50 @@ def square_sums(kernel, sources, targets, chunk: int = 4096):
     return total / targets.shape[0]
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))
+def charge_sums(kernel, sources, charges, targets, chunk: int = 4096):
+    """(2, K): mean over targets of phi^2 and |grad phi|^2 of each of the
+    K charge columns (charges (N, K)), summed directly over chunks of
+    sources (pairs at r = 0 as in `square_sums`)."""
+    n, d = sources.shape
+    pad = -n % chunk
+    xs = jnp.concatenate([sources, jnp.full((pad, d), jnp.inf, sources.dtype)])
+    qs = jnp.concatenate([charges, jnp.zeros((pad, charges.shape[1]), charges.dtype)])
+
+    def body(acc, xq):
+        x, q = xq
+        diff = targets[:, None, :] - x[None, :, :]                      # (T, C, d)
+        r2 = jnp.sum(diff * diff, axis=-1)
+        pos = (r2 > 0) & jnp.isfinite(r2)
+        r = jnp.sqrt(jnp.where(pos, r2, 1.0))
+        k, dk = kernel.value_and_derivative(r)
+        k = jnp.where(pos, k, 0.0 if kernel.singular else kernel.at_zero(r2.dtype))
+        k = jnp.where(jnp.isfinite(r2), k, 0.0)
+        unit = jnp.where(pos[..., None], (dk / r)[..., None] * diff, 0.0)   # (T, C, d)
+        return (acc[0] + k @ q, acc[1] + jnp.einsum("tcd,ck->tkd", unit, q)), None
+
+    t = targets.shape[0]
+    init = (jnp.zeros((t, charges.shape[1]), targets.dtype),
+            jnp.zeros((t, charges.shape[1], d), targets.dtype))
+    (phi, grad), _ = jax.lax.scan(body, init, (xs.reshape(-1, chunk, d),
+                                               qs.reshape(-1, chunk, charges.shape[1])))
+    return jnp.stack([jnp.mean(phi ** 2, axis=0), jnp.mean(jnp.sum(grad ** 2, -1), axis=0)])
+
+
+def charge_moments(kernel, sources, charges, targets) -> tuple[float, float] | None:
+    """The moments `far_field_error` divides by, for these charges rather
+    than random ones: mean phi^2 and |grad phi|^2 over `targets` (a few
+    hundred of them) over N mean q^2, the least over the charge columns
+    (N, K) that are not all zero; None where all are (float64 numpy;
+    concrete arrays)."""
+    sums = np.asarray(charge_sums(kernel, sources, charges, targets), np.float64)   # (2, K)
+    power = sources.shape[0] * np.mean(np.asarray(charges, np.float64) ** 2, axis=0)
+    live = power > 0
+    if not live.any():
+        return None
+    return tuple(float(v) for v in np.min(sums[:, live] / power[live], axis=1))
+
+
 def exact_moments(kernel, sources, targets, x: np.ndarray, y: np.ndarray, side: float,
                   dim: int) -> tuple[float, float]:
     """`pair_moments` with the mean K(r)^2 and K'(r)^2 summed over every
@@ -278,6 +322,17 @@ RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18,
          3: dict(error_scale=1.0, error_rate=0.25, min_order=4, max_order=10,
                  max_estimated=12, phi_ratio=0.4, gradient_ratio=0.08)}
 RATIO_POINTS = 8000
+# Where the charges are known (eager calls, plans given charges) the
+# estimate divides by their own phi (`charge_moments`): no quantile over
+# draws, and charges that cancel by construction (zero sum and first
+# moments: an RBF interpolant's weights) raise the estimate as much as
+# their error, since the far field's error, of high degree in the
+# sources, does not cancel with them. Measured / estimated (phi, grad),
+# benchmarks/calibrate_chebyshev.py --moment-free (float64, 4 random and 4
+# moment-free draws, docs/BENCHMARKS.md): 3D N = 8,000, n = 4-8, 0.03-0.30
+# and up to 0.078 on uniform and sphere points, clusters less; 2D N = 8,192,
+# n = 4-14, 0.06-0.28 and up to 0.065; random and moment-free alike.
+CHARGE_RATIOS = {2: (0.35, 0.1), 3: (0.35, 0.1)}
 # Rounding floors of the estimated rule (2D float64 measured: 1e-14 to 2e-13
 # at n = 16-18, docs/BENCHMARKS.md). float32's rounding error, like the
 # truncation's, is relative to |phi|, which some mixed-sign charges make
@@ -386,7 +441,7 @@ class Rule:
 
     def order_for(self, eps: float, dtype, kernel, depth_of, root_side=None,
                   pairs=None, gradient: bool = True, count: int = 1, shares=None,
-                  moments=None) -> int:
+                  moments=None, charged=None) -> int:
         """n for a relative L2 error eps from `far_field_error`: the
         smallest n whose estimates, phi_ratio err phi and (gradient)
         gradient_ratio err grad, are <= eps less the dtype's rounding error.
@@ -398,18 +453,25 @@ class Rule:
         the worst of uniform points in root boxes of sides _TRACED_SIDES;
         shares: an adaptive tree's (`far_field_error`; concrete points
         only), which then stands for depth_of; moments: `exact_moments`
-        where the caller has them (else `pair_moments` of the pairs).
+        where the caller has them (else `pair_moments` of the pairs);
+        charged: `charge_moments` of the charges to be summed (concrete
+        points only), which then stand for the moments, with
+        CHARGE_RATIOS, and scale float32's rounding error (`ROUNDING_ERROR`
+        is relative to phi of random charges: charges that cancel leave
+        it larger against their phi).
         Returns (n, depth): depth None where the tree's stands, else the
         uniform tree's depth for float32 gradients (`gradient_rounding`).
         ValueError if no n reaches eps, or eps is below the dtype's
         ROUNDING_FLOOR.
         """
         check_floor(eps, dtype, ROUNDING_FLOOR, f"the {self.dim}D Chebyshev family")
-        budget = eps - ROUNDING_ERROR[jnp.dtype(dtype).name]
         # Traced points: their scale, which the rounding depends on, is unknown.
         rounds = gradient and jnp.dtype(dtype) == jnp.float32 and root_side is not None
+        charged = None if root_side is None else charged
         few = max(1.0, RATIO_POINTS / max(count, 1))
-        ratios = few * self.phi_ratio, few * self.gradient_ratio * gradient
+        ratio = (self.phi_ratio, self.gradient_ratio) if charged is None else \
+            CHARGE_RATIOS[self.dim]
+        ratios = few * ratio[0], few * ratio[1] * gradient
         if root_side is None:
             # The worst over box sizes; no more than the worst-case rule's n.
             try:
@@ -427,6 +489,19 @@ class Rule:
             else:
                 moments = [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
                                         sides[0], self.dim, count)]
+            rounding_error = ROUNDING_ERROR[jnp.dtype(dtype).name]
+            if charged is not None:
+                cancel = np.sqrt(max(charged[0], 1e-300) / moments[0][0])
+                rounding_error /= min(1.0, cancel)
+                moments = [charged]
+                if rounding_error >= eps:
+                    raise Unreachable(
+                        f"eps={eps:g} is below what {jnp.dtype(dtype).name} reaches for "
+                        f"{kernel} with these charges: they cancel in phi (about {cancel:.1g} "
+                        f"times random charges' of the same size), and rounding alone errs "
+                        f"about {rounding_error:.1e} relative to it; use float64 inputs with "
+                        f"jax_enable_x64 or a larger eps", rounding_error)
+            budget = eps - rounding_error
             estimates, cache = {}, {}
             best = reach = rounded = None
 
@@ -498,7 +573,7 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
             side, shares, moments = points.shares
         n, depth = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)),
                                side, pairs, gradient, max(points.n_src, points.n_tgt), shares,
-                               moments)
+                               moments, points.charged)
         if depth is not None:
             return Choice(n, depth)
     elif n is None:
