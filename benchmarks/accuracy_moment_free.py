@@ -7,16 +7,21 @@ sum and zero first moments sum_i q_i x_i. Where the kernel is smooth over
 the points' extent such charges cancel in phi's largest modes, so |phi| is
 far smaller than for random charges while the far field's truncation error
 is not: eps, a relative error, is harder to meet. Per kernel, points and
-(dtype, eps): the order an eager `jfmm.fmm` call chooses (potential only)
-and the worst relative L2 error over --draws random charge vectors and over
---draws moment-free ones (each drawn at random and projected), on 1,000
-sampled targets against a float64 direct sum of the same rounded inputs;
-beside them the moment-free error of `jfmm.direct` in the same dtype (its
-rounding alone).
+(dtype, eps), for --draws random charge vectors and --draws moment-free
+ones (each drawn at random and projected): the order of a plan made
+without charges (`order_static`, what jit and plans without charges take)
+and of one made with them (`jfmm.plan(..., charges=)`, what eager `fmm`
+calls take), and the worst relative L2 error of the latter's sums over
+the draws, on 1,000 sampled targets against a float64 direct sum of the
+same rounded inputs (with --gradient grad phi's too, the plans then
+bounding it); beside them the moment-free error of `jfmm.direct` in the
+same dtype (its rounding alone). A plan that raises (eps below what the
+dtype reaches for these charges) is a row with errors null.
 
-JSON row fields: n, kernel, dim, points, dtype, eps, family, order, depth,
-err_random, err_moment_free (the worst over the draws of each),
-err_direct (the direct sum's, moment-free).
+JSON row fields: n, kernel, dim, points, dtype, eps, charges ("random" or
+"moment-free"), family, order_static, order, depth, err_phi, err_grad
+(null without --gradient), err_direct (the direct sum's, moment-free rows),
+raises (the message's reachable eps, or null).
 """
 from __future__ import annotations
 
@@ -29,54 +34,87 @@ import numpy as np  # noqa: E402
 from common import Table, make_points, moment_free, parser, rel, sample  # noqa: E402
 import jfmm  # noqa: E402
 from jfmm import configure, kernels as K  # noqa: E402
+from jfmm.models import Unreachable  # noqa: E402
 from accuracy_rbf import label  # noqa: E402
-from calibrate_orders import chosen  # noqa: E402
 
 KERNELS = [K.Gaussian(1.0), K.Multiquadric(1.0), K.InverseMultiquadric(1.0),
            K.InverseQuadratic(1.0), K.ThinPlateSpline(), K.Linear(), K.Cubic()]
 COLUMNS = [("kernel", "kernel", ""), ("points", "points", ""), ("dtype", "dtype", ""),
-           ("eps", "eps", "g"),
-           ("family", "family, order, depth", lambda r: f"{r['family']}, {r['order']}, {r['depth']}"),
-           ("err_random", "err random", ".1e"), ("err_moment_free", "err moment-free", ".1e"),
-           ("over", "moment-free / eps", ".2f"), ("err_direct", "direct, moment-free", ".1e")]
+           ("eps", "eps", "g"), ("charges", "charges", ""),
+           ("family", "family, order (without charges), depth",
+            lambda r: f"{r['family']}, {r['order']} ({r['order_static']}), {r['depth']}"),
+           ("err_phi", "err phi / eps", lambda r: "raises" if r["err_phi"] is None
+            else f"{r['err_phi'] / r['eps']:.2f}"),
+           ("err_grad", "err grad / eps", lambda r: "" if r["err_grad"] is None
+            else f"{r['err_grad'] / r['eps']:.2f}"),
+           ("err_direct", "direct", lambda r: "" if r["err_direct"] is None
+            else f"{r['err_direct']:.1e}")]
 
 
 def main():
     ap = parser(__doc__, repeats=False)
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--dim", type=int, default=3)
-    ap.add_argument("--points", default="cube,sphere")
+    ap.add_argument("--points", default="cube,sphere,clusters")
     ap.add_argument("--cases", default="float32:1e-4,float64:1e-6", help="dtype:eps, comma-separated")
     ap.add_argument("--draws", type=int, default=2)
+    ap.add_argument("--gradient", action="store_true")
+    ap.add_argument("--kernels", default=None, help="comma-separated indices into the list")
     args = ap.parse_args()
     configure.DIRECT_PAIRS = {"cpu": {}, "gpu": {}}       # every row sums by its family
     rng = np.random.default_rng(args.seed)
-    table = Table(f"random and moment-free charges, N = {args.n:,}, {args.dim}D, potential",
-                  COLUMNS)
+    grad_on = args.gradient
+    table = Table(f"random and moment-free charges, N = {args.n:,}, {args.dim}D, "
+                  f"{'potential and gradient' if grad_on else 'potential'}", COLUMNS)
     laplace = K.Laplace3D() if args.dim == 3 else K.Laplace2D()
+    kernels = [laplace] + KERNELS
+    if args.kernels:
+        kernels = [kernels[int(i)] for i in args.kernels.split(",")]
+    d = args.draws
     for kind in args.points.split(","):
         x = make_points(kind, args.n, rng, args.dim).astype(np.float32).astype(np.float64)
-        q = rng.random((args.n, 2 * args.draws)) - 0.5
-        q[:, args.draws:] = moment_free(q[:, args.draws:], x)
+        q = rng.random((args.n, 2 * d)) - 0.5
+        q[:, d:] = moment_free(q[:, d:], x)
         q = q.astype(np.float32).astype(np.float64)
         idx = sample(rng, args.n)
-        for k in [laplace] + KERNELS:
-            ref = np.asarray(jfmm.direct(jnp.asarray(x), jnp.asarray(q), jnp.asarray(x[idx]),
-                                         kernel=k))
+        for k in kernels:
+            ref = jfmm.direct(jnp.asarray(x), jnp.asarray(q), jnp.asarray(x[idx]), kernel=k,
+                              gradient=True)
+            ref_phi, ref_grad = (np.asarray(v) for v in ref)
             for case in args.cases.split(","):
                 dtype, eps = case.split(":")
                 eps = float(eps)
                 xd, qd = jnp.asarray(x, dtype), jnp.asarray(q, dtype)
-                c = chosen(xd, k, eps, False)
-                phi = np.asarray(jfmm.fmm(xd, qd, kernel=k, eps=eps), np.float64)[idx]
-                errs = [rel(phi[:, j], ref[:, j]) for j in range(q.shape[1])]
-                free = max(errs[args.draws:])
-                direct = np.asarray(jfmm.direct(xd, qd, xd[idx], kernel=k), np.float64)
-                by_direct = max(rel(direct[:, j], ref[:, j]) for j in range(args.draws, q.shape[1]))
-                table.add(dict(n=args.n, kernel=label(k), dim=args.dim, points=kind, dtype=dtype,
-                               eps=eps, family=c.name, order=c.order, depth=c.depth,
-                               err_random=max(errs[:args.draws]), err_moment_free=free,
-                               over=free / eps, err_direct=by_direct))
+                static = jfmm.plan(xd, kernel=k, eps=eps, gradient=grad_on)
+                for name, cols in (("random", range(d)), ("moment-free", range(d, 2 * d))):
+                    cols = list(cols)
+                    row = dict(n=args.n, kernel=label(k), dim=args.dim, points=kind, dtype=dtype,
+                               eps=eps, charges=name, family=static.family,
+                               order_static=static.order, order=None, depth=None, err_phi=None,
+                               err_grad=None, err_direct=None, raises=None)
+                    if name == "moment-free":
+                        direct = np.asarray(jfmm.direct(xd, qd[:, cols], xd[idx], kernel=k),
+                                            np.float64)
+                        row["err_direct"] = max(rel(direct[:, j], ref_phi[:, c])
+                                                for j, c in enumerate(cols))
+                    try:
+                        pl = jfmm.plan(xd, kernel=k, eps=eps, gradient=grad_on,
+                                       charges=qd[:, cols])
+                    except Unreachable as e:
+                        row["raises"] = e.reachable
+                        table.add(row)
+                        continue
+                    phi, grad = pl.apply(qd[:, cols], gradient=True) if grad_on else \
+                        (pl.apply(qd[:, cols]), None)
+                    phi = np.asarray(phi, np.float64)[idx]
+                    row.update(family=pl.family, order=pl.order, depth=pl.config.depth,
+                               err_phi=max(rel(phi[:, j], ref_phi[:, c])
+                                           for j, c in enumerate(cols)))
+                    if grad_on:
+                        grad = np.asarray(grad, np.float64)[idx]
+                        row["err_grad"] = max(rel(grad[:, j], ref_grad[:, c])
+                                              for j, c in enumerate(cols))
+                    table.add(row)
     table.save(args.out)
 
 
