@@ -4,6 +4,8 @@
         --out docs/data/kernels_3d.json
 
 Per kernel: the median time of the jitted sum with potential and gradient
+(its plan made with the charges, as an eager jfmm.fmm call chooses;
+--no-charges: without them, as inside jit)
 (--potential: the potential alone, its order chosen for phi's error alone;
 tree build included, after compilation; the tree build alone beside it),
 the first eager jfmm.fmm call (choices, compilation and run), and the relative
@@ -77,6 +79,8 @@ def main():
     ap.add_argument("--family", default=None, help="override the family (with --orders points)")
     ap.add_argument("--order", type=int, default=None,
                     help="override the order (with --orders points)")
+    ap.add_argument("--no-charges", action="store_true",
+                    help="plans made without the charges (the order any charges get)")
     ap.add_argument("--potential", action="store_true",
                     help="the potential alone (default: potential and gradient)")
     ap.add_argument("--profile", action="store_true",
@@ -103,19 +107,23 @@ def main():
                   f"{'potential' if args.potential else 'potential and gradient'}; "
                   f"direct timed at N = {nd:,} and scaled by {scale:g}", COLUMNS)
     for k in kernels:
-        try:
-            fam, order, depth = chosen(xd, k, eps, args.orders == "traced", grad_on)
-        except Unreachable as e:         # eps below what this dtype reaches for the kernel
-            print(f"# {label(k)}: raises: {e}", flush=True)
-            continue
         if args.orders == "traced":
+            try:
+                fam, order, depth = chosen(xd, k, eps, True, grad_on)
+            except Unreachable as e:     # eps below what this dtype reaches for the kernel
+                print(f"# {label(k)}: raises: {e}", flush=True)
+                continue
             f = jax.jit(lambda a, c, k=k: jfmm.fmm(a, c, kernel=k, eps=eps, gradient=grad_on))
             timed = (xd, qd)
         else:
             # The choices made eagerly for these points (as jfmm.fmm does),
             # the tree rebuilt and the sum evaluated inside jit.
-            pl = jfmm.plan(xd, kernel=k, eps=eps, family=args.family, order=args.order,
-                           gradient=grad_on)
+            try:
+                pl = jfmm.plan(xd, kernel=k, eps=eps, family=args.family, order=args.order,
+                               gradient=grad_on, charges=None if args.no_charges else qd)
+            except Unreachable as e:
+                print(f"# {label(k)}: raises: {e}", flush=True)
+                continue
             fam, order, depth = pl.family, pl.order, pl.tree.depth
             f = jax.jit(lambda p_, a, c: p_.update(a).apply(c, gradient=grad_on))
             timed = (pl, xd, qd)
