@@ -467,24 +467,31 @@ def _sampled(kernel, dim: int, order, family: str) -> bool:
 CHARGE_TARGETS = 256
 
 
+def uses_charges(kernel, dim: int, family, order) -> bool:
+    """Whether `charged` measures charges for this kernel, family and
+    order (decided without them)."""
+    kernel = known_kernel(kernel)
+    fam = _check_family(family)
+    return (order is None and fam != "hermite" and kernel.is_concrete()
+            and _tree_family(kernel, dim, fam)[1] is chebyshev_model
+            and not (fam == "auto" and (_cored(kernel, dim)
+                                        or isinstance(kernel, _kernels.Gaussian))))
+
+
 def charged(sources, targets, kernel, q, family, order):
     """The Chebyshev estimate's moments for charges q (N, K) of the points'
     dtype (rounded down), or None where they are not used: a caller's
-    order, traced kernel parameters, points or charges, or a family other
-    than Chebyshev. sources and targets: jax arrays of floats (otherwise
-    None is returned)."""
-    kernel = known_kernel(kernel)
-    fam = _check_family(family)
+    order, traced kernel parameters, points or charges, a family other
+    than Chebyshev, or a Gaussian under "auto" (the fast Gauss transform's
+    model stands, within eps on moment-free charges too: docs/BENCHMARKS.md).
+    sources and targets: jax arrays of floats (otherwise None is returned)."""
     pts = [sources] + ([] if targets is None else [targets])
-    if (order is not None or fam == "hermite" or _compat.tracing()
+    if (_compat.tracing() or not concrete(q)
             or not all(isinstance(x, jax.Array) and concrete(x)
                        and jnp.issubdtype(x.dtype, jnp.floating) for x in pts)
-            or not concrete(q) or not kernel.is_concrete()):
+            or not uses_charges(kernel, sources.shape[1], family, order)):
         return None
-    dim = sources.shape[1]
-    if (_tree_family(kernel, dim, fam)[1] is not chebyshev_model
-            or fam == "auto" and _cored(kernel, dim)):
-        return None
+    kernel = known_kernel(kernel)
     y = sources if targets is None else targets
     y = y[::max(1, y.shape[0] // CHARGE_TARGETS)][:CHARGE_TARGETS]
     with jax.ensure_compile_time_eval():

@@ -161,34 +161,44 @@ def square_sums(kernel, sources, targets, chunk: int = 4096):
     return total / targets.shape[0]
 
 
+def charge_sums(kernel, sources, charges, targets):
+    """(3, K): mean over targets of phi^2 and |grad phi|^2 of each of the
+    K charge columns (charges (N, K)), and N mean q^2, summed directly
+    over chunks of sources (pairs at r = 0 as in `square_sums`) of about
+    2^24 pairs: few enough steps that launching them costs little on a
+    GPU. grad phi(t) = t (W q) - W (q x) with W = K'(r) / r, about the
+    targets' centre: two matrix products, no (targets, sources, d) array."""
+    chunk = max(1, min(sources.shape[0], (1 << 24) // max(targets.shape[0], 1)))
+    return _charge_sums(kernel, sources, charges, targets, 1 << (chunk - 1).bit_length())
+
+
 @functools.partial(jax.jit, static_argnames=("chunk",))
-def charge_sums(kernel, sources, charges, targets, chunk: int = 4096):
-    """(2, K): mean over targets of phi^2 and |grad phi|^2 of each of the
-    K charge columns (charges (N, K)), summed directly over chunks of
-    sources (pairs at r = 0 as in `square_sums`)."""
-    n, d = sources.shape
-    pad = -n % chunk
-    xs = jnp.concatenate([sources, jnp.full((pad, d), jnp.inf, sources.dtype)])
-    qs = jnp.concatenate([charges, jnp.zeros((pad, charges.shape[1]), charges.dtype)])
+def _charge_sums(kernel, sources, charges, targets, chunk: int):
+    (n, d), k_cols = sources.shape, charges.shape[1]
+    centre = jnp.mean(targets, axis=0)
+    targets, sources = targets - centre, sources - centre
+    pad = -n % chunk                              # zero charges: they add nothing
+    xs = jnp.concatenate([sources, jnp.zeros((pad, d), sources.dtype)]).reshape(-1, chunk, d)
+    qs = jnp.concatenate([charges, jnp.zeros((pad, k_cols), charges.dtype)])
+    qs = qs.reshape(-1, chunk, k_cols)
 
     def body(acc, xq):
         x, q = xq
-        diff = targets[:, None, :] - x[None, :, :]                      # (T, C, d)
-        r2 = jnp.sum(diff * diff, axis=-1)
-        pos = (r2 > 0) & jnp.isfinite(r2)
+        r2 = sum((targets[:, None, a] - x[None, :, a]) ** 2 for a in range(d))   # (T, C)
+        pos = r2 > 0
         r = jnp.sqrt(jnp.where(pos, r2, 1.0))
         k, dk = kernel.value_and_derivative(r)
         k = jnp.where(pos, k, 0.0 if kernel.singular else kernel.at_zero(r2.dtype))
-        k = jnp.where(jnp.isfinite(r2), k, 0.0)
-        unit = jnp.where(pos[..., None], (dk / r)[..., None] * diff, 0.0)   # (T, C, d)
-        return (acc[0] + k @ q, acc[1] + jnp.einsum("tcd,ck->tkd", unit, q)), None
+        w = jnp.where(pos, dk / r, 0.0)
+        qx = (q[:, :, None] * x[:, None, :]).reshape(x.shape[0], k_cols * d)
+        return (acc[0] + k @ q, acc[1] + w @ q, acc[2] + w @ qx), None
 
     t = targets.shape[0]
-    init = (jnp.zeros((t, charges.shape[1]), targets.dtype),
-            jnp.zeros((t, charges.shape[1], d), targets.dtype))
-    (phi, grad), _ = jax.lax.scan(body, init, (xs.reshape(-1, chunk, d),
-                                               qs.reshape(-1, chunk, charges.shape[1])))
-    return jnp.stack([jnp.mean(phi ** 2, axis=0), jnp.mean(jnp.sum(grad ** 2, -1), axis=0)])
+    init = tuple(jnp.zeros((t, m), targets.dtype) for m in (k_cols, k_cols, k_cols * d))
+    (phi, wq, wqx), _ = jax.lax.scan(body, init, (xs, qs))
+    grad = targets[:, None, :] * wq[..., None] - wqx.reshape(t, k_cols, d)
+    return jnp.stack([jnp.mean(phi ** 2, axis=0), jnp.mean(jnp.sum(grad ** 2, -1), axis=0),
+                      n * jnp.mean(charges ** 2, axis=0)])
 
 
 def charge_moments(kernel, sources, charges, targets) -> tuple[float, float] | None:
@@ -197,12 +207,11 @@ def charge_moments(kernel, sources, charges, targets) -> tuple[float, float] | N
     hundred of them) over N mean q^2, the least over the charge columns
     (N, K) that are not all zero; None where all are (float64 numpy;
     concrete arrays)."""
-    sums = np.asarray(charge_sums(kernel, sources, charges, targets), np.float64)   # (2, K)
-    power = sources.shape[0] * np.mean(np.asarray(charges, np.float64) ** 2, axis=0)
-    live = power > 0
+    sums = np.asarray(charge_sums(kernel, sources, charges, targets), np.float64)   # (3, K)
+    live = sums[2] > 0
     if not live.any():
         return None
-    return tuple(float(v) for v in np.min(sums[:, live] / power[live], axis=1))
+    return tuple(float(v) for v in np.min(sums[:2, live] / sums[2, live], axis=1))
 
 
 def exact_moments(kernel, sources, targets, x: np.ndarray, y: np.ndarray, side: float,
@@ -490,6 +499,7 @@ class Rule:
                 moments = [pair_moments(kernel, *(np.asarray(v, np.float64) for v in pairs),
                                         sides[0], self.dim, count)]
             rounding_error = ROUNDING_ERROR[jnp.dtype(dtype).name]
+            static = moments                 # the gradient's rounding was measured on them
             if charged is not None:
                 cancel = np.sqrt(max(charged[0], 1e-300) / moments[0][0])
                 rounding_error /= min(1.0, cancel)
@@ -507,7 +517,7 @@ class Rule:
 
             def rounding(n, depth):
                 return max(gradient_rounding(self.dim, n, depth, s, m)
-                           for s, m in zip(sides, moments))
+                           for s, m in zip(sides, static))
 
             for n in self.ESTIMATED_ORDERS:
                 depth = fewer = depth_of(n) if shares is None else None
