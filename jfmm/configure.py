@@ -472,7 +472,10 @@ def uses_charges(kernel, dim: int, family, order) -> bool:
     order (decided without them)."""
     kernel = known_kernel(kernel)
     fam = _check_family(family)
-    return (order is None and fam != "hermite" and kernel.is_concrete()
+    # The parameters' values, not Kernel.is_concrete: that evaluates the
+    # kernel, a device call on every eager call.
+    return (order is None and fam != "hermite"
+            and all(concrete(v) for v in jax.tree_util.tree_leaves(kernel))
             and _tree_family(kernel, dim, fam)[1] is chebyshev_model
             and not (fam == "auto" and (_cored(kernel, dim)
                                         or isinstance(kernel, _kernels.Gaussian))))
