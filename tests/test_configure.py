@@ -96,8 +96,10 @@ def test_eps_below_the_floor_raises(kernel, dtype, rng):
 
 
 def test_repeated_eager_calls_reuse_choices(rng, monkeypatch):
-    """A repeated eager call resolves once; moved or redistributed points of the same shapes resolve again, and
-    every call is within eps of a float64 numpy sum."""
+    """A repeated eager call resolves once; moved or redistributed points of
+    the same shapes resolve again, and every call is within eps of a
+    float64 numpy sum. The charges' moments (`configure.charged`) are part
+    of what is remembered."""
     from conftest import radial_reference
 
     import jfmm
@@ -107,19 +109,25 @@ def test_repeated_eager_calls_reuse_choices(rng, monkeypatch):
     monkeypatch.setattr(configure, "resolve", lambda *a, **k: calls.append(1) or real(*a, **k))
     kernel, eps = K.InverseMultiquadric(3.0), 1e-6
     x = points("cube", 1500, rng)
+    q = rng.random(1500) - 0.5
     for pts, resolves in [(x, 1), (x, 1), (2 * x, 2), (points("cluster", 1500, rng), 3)]:
-        q = rng.random(1500) - 0.5
         phi = jfmm.fmm(jnp.asarray(pts), jnp.asarray(q), kernel=kernel, eps=eps)
         ref = radial_reference(kernel, pts, q, gradient=False)[0]
         assert np.linalg.norm(phi - ref) / np.linalg.norm(ref) < eps
         assert len(calls) == resolves
+        charged = configure.charged(jnp.asarray(pts), None, kernel, jnp.asarray(q)[:, None],
+                                    None, None)
+        assert charged is not None
         cfg = configure.resolve_eager(jnp.asarray(pts), None, kernel, eps, None, None, None,
-                                      gradient=False)
-        assert cfg == real(jnp.asarray(pts), None, kernel, eps, None, None, None, gradient=False)
-    # The same points under jit resolve and build inside the trace: same result.
+                                      gradient=False, charged=charged)
+        assert len(calls) == resolves
+        assert cfg == real(jnp.asarray(pts), None, kernel, eps, None, None, None, gradient=False,
+                           charged=charged)
+    # The same points under jit resolve and build inside the trace: the
+    # result of a plan made without charges, which jit cannot see.
     y = jnp.asarray(points("sphere", 1500, rng))
     q = jnp.asarray(rng.random(1500) - 0.5)
-    eager = jfmm.fmm(y, q, kernel=kernel, eps=eps, gradient=True)[0]  # traced points: the
+    eager = jfmm.plan(y, kernel=kernel, eps=eps, gradient=True).apply(q)  # traced points: the
     jitted = jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=kernel, eps=eps))(y, q)  # gradient's order
     np.testing.assert_allclose(jitted, eager, rtol=0, atol=1e-9 * float(jnp.max(jnp.abs(eager))))
 
