@@ -113,19 +113,24 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     (`configure.resolve_eager`), and calls on the same jax arrays the plan
     of the second: a repeated call costs about a `Plan.apply`.
 
-    eps holds for charges of any sign that do not cancel by construction.
-    Charges with zero sum and zero first moments (the weights of an RBF
-    interpolant with a linear polynomial tail) cancel in phi's smoothest
-    modes while the far field's error stays: for kernels smooth over the
-    points' extent they err up to about 10 eps (measured: Multiquadric(1)
-    on 8,192 points of a circle, float64, 10.4 eps at eps 1e-7; on spheres
-    in float32 at eps 1e-4, 3.4 and 10.7 eps on two draws of 4,096 points
-    and 3.7 eps at 2^20;
-    InverseQuadratic(1) 2.8 eps on the circle and 2.0 eps at 2^20 on a
-    sphere in float64 at 1e-6; Laplace within eps). For such sums use
-    float64 and ask for eps / 10 in 3D, eps / 100 in 2D (measured within
-    eps / 30 and eps / 10); in float32 rounding alone errs up to 7e-5
-    there (`direct`'s own error at 4,096 points on a sphere).
+    The charges: eps is relative to phi, which charges that cancel by
+    construction make small (zero sum and first moments: the weights of an
+    RBF interpolant with a linear polynomial tail) while the far field's
+    error stays. Where an eager call's charges are known (and in a plan
+    made with `charges=`), the Chebyshev family chooses its order for
+    them: it sums them directly at 256 targets and divides its error
+    estimate by their phi (`configure.charged`; remembered for the same
+    charge arrays). Random charges then take lower orders than for unknown
+    charges, cancelling ones the higher orders they need (measured within
+    eps on such charges at 8,192 and 2^20 points, where the order for
+    unknown charges erred up to 10 eps), and in float32, whose rounding is
+    relative to the terms summed, cancelling charges raise where rounding
+    alone would exceed eps (use float64). Inside jit, under vmap or grad
+    with respect to the charges, and in plans made without `charges=`, the
+    order holds for charges that do not cancel by construction; for
+    moment-free ones there ask for eps / 10 in 3D and eps / 100 in 2D.
+    Laplace's series and the fast Gauss transform measured within eps on
+    both kinds.
 
     Every JAX transformation works with respect to sources, charges and
     targets (jfmm.primitive): jax.grad of the potential costs two FMM calls
