@@ -419,7 +419,7 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     them, which holds for any charges that do not cancel by construction;
     charges that do (RBF weights with a polynomial tail) take the higher
     order they need. A plan made with one kind and applied to the other
-    loses that guarantee."""
+    loses that guarantee. On a mesh the charges are not looked at."""
     return _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree, mesh,
                  charges=charges)
 
