@@ -198,7 +198,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                                      for x in (sources, charges, targets))
     # The same jax arrays as a checked earlier call: its plan, without checks.
     opts = (eps, leaf_size, order, family, gradient, tree)
-    charged = _charged(sources, targets, charges, kernel, family, order, mesh)
+    charged = _charged(sources, targets, charges, kernel, mesh, *opts[:4], tree)
     known = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, make=False,
                         charged=charged)
     if known is not None:
@@ -210,7 +210,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         if remembered is not None:
             return remembered.apply(charges, gradient)
     elif mesh is None:
-        charged = _configure.charged(sources, targets, kernel, q, family, order)
+        charged = _configure.charged(sources, targets, kernel, q, family, order, eps,
+                                     leaf_size, tree)
     config = _configure.resolve_eager(sources, targets, kernel, *opts,     # remembered
                                       charged=charged)
     config = _configure.choose_tree(config, sources, targets, tree)
@@ -228,16 +229,17 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
 _CHARGED = []     # (charges, sources, targets weak references, options, moments), recent
 
 
-def _charged(sources, targets, charges, kernel, family, order, mesh):
+def _charged(sources, targets, charges, kernel, mesh, eps, leaf_size, order, family, tree):
     """`configure.charged` for a call's charges, as given (None on a mesh,
     or where the points are not yet jax arrays of floats); remembered for
     the same jax arrays (immutable) and options, so that repeated calls do
     not sum them again."""
     if (mesh is not None or not isinstance(sources, jax.Array)
-            or not _configure.uses_charges(kernel, sources.shape[1], family, order)):
+            or not _configure.uses_charges(kernel, sources, targets, family, order, eps,
+                                           leaf_size, tree)):
         return None
     arrays = (charges, sources, targets)
-    options = (_configure.kernel_key(kernel), family)
+    options = (_configure.kernel_key(kernel), family, eps, leaf_size, order, tree)
     held = isinstance(charges, jax.Array) and options[0] is not None
     for refs, opts, value in _CHARGED if held else ():
         if opts == options and all((r is None and x is None) or (r is not None and r() is x)
@@ -247,7 +249,8 @@ def _charged(sources, targets, charges, kernel, family, order, mesh):
         q, _ = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
     except (ValueError, TypeError):     # `prepare` says what is wrong
         return None
-    value = _configure.charged(sources, targets, kernel, q, family, order)
+    value = _configure.charged(sources, targets, kernel, q, family, order, eps, leaf_size,
+                               tree)
     if held and not _compat.tracing() and _configure.concrete(charges):
         refs = tuple(None if x is None else weakref.ref(x) for x in arrays)
         _CHARGED.insert(0, (refs, options, value))
@@ -438,7 +441,8 @@ def _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tre
     sources, targets = _inputs.points_of(sources, targets, kernel)
     if charges is not None and charged is None and mesh is None:
         q, _ = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
-        charged = _configure.charged(sources, targets, kernel, q, family, order)
+        charged = _configure.charged(sources, targets, kernel, q, family, order, eps,
+                                     leaf_size, tree)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree, charged)
     config = _configure.choose_tree(config, sources, targets, tree)

@@ -467,32 +467,43 @@ def _sampled(kernel, dim: int, order, family: str) -> bool:
 CHARGE_TARGETS = 256
 
 
-def uses_charges(kernel, dim: int, family, order) -> bool:
-    """Whether `charged` measures charges for this kernel, family and
-    order (decided without them)."""
+def uses_charges(kernel, sources, targets, family, order, eps=None, leaf_size=None,
+                 tree="auto") -> bool:
+    """Whether `charged` measures charges for this kernel, family, order
+    and the points' shapes and dtype (decided without the charges): not
+    below the direct sum's crossover, where their sums would cost more
+    than the call."""
     kernel = known_kernel(kernel)
     fam = _check_family(family)
+    (n_src, dim), dtype = sources.shape, sources.dtype
+    n_tgt = n_src if targets is None else targets.shape[0]
     # The parameters' values, not Kernel.is_concrete: that evaluates the
     # kernel, a device call on every eager call.
     return (order is None and fam != "hermite"
             and all(concrete(v) for v in jax.tree_util.tree_leaves(kernel))
             and _tree_family(kernel, dim, fam)[1] is chebyshev_model
             and not (fam == "auto" and (_cored(kernel, dim)
-                                        or isinstance(kernel, _kernels.Gaussian))))
+                                        or isinstance(kernel, _kernels.Gaussian)))
+            and not _direct(kernel, dim, dtype, n_src, n_tgt,
+                            default_eps(kernel, dim, dtype, fam) if eps is None else eps,
+                            order, leaf_size, family, tree))
 
 
-def charged(sources, targets, kernel, q, family, order):
+def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None,
+            tree="auto"):
     """The Chebyshev estimate's moments for charges q (N, K) of the points'
     dtype (rounded down), or None where they are not used: a caller's
     order, traced kernel parameters, points or charges, a family other
     than Chebyshev, or a Gaussian under "auto" (the fast Gauss transform's
-    model stands, within eps on moment-free charges too: docs/BENCHMARKS.md).
-    sources and targets: jax arrays of floats (otherwise None is returned)."""
+    model stands, within eps on moment-free charges too: docs/BENCHMARKS.md),
+    and below the direct sum's crossover (`uses_charges`). sources and
+    targets: jax arrays of floats (otherwise None is returned)."""
     pts = [sources] + ([] if targets is None else [targets])
     if (_compat.tracing() or not concrete(q)
             or not all(isinstance(x, jax.Array) and concrete(x)
                        and jnp.issubdtype(x.dtype, jnp.floating) for x in pts)
-            or not uses_charges(kernel, sources.shape[1], family, order)):
+            or not uses_charges(kernel, sources, targets, family, order, eps, leaf_size,
+                                tree)):
         return None
     kernel = known_kernel(kernel)
     y = sources if targets is None else targets

@@ -116,8 +116,7 @@ def test_repeated_eager_calls_reuse_choices(rng, monkeypatch):
         assert np.linalg.norm(phi - ref) / np.linalg.norm(ref) < eps
         assert len(calls) == resolves
         charged = configure.charged(jnp.asarray(pts), None, kernel, jnp.asarray(q)[:, None],
-                                    None, None)
-        assert charged is not None
+                                    None, None, eps)
         cfg = configure.resolve_eager(jnp.asarray(pts), None, kernel, eps, None, None, None,
                                       gradient=False, charged=charged)
         assert len(calls) == resolves
