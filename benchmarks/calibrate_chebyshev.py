@@ -49,13 +49,15 @@ def estimate(kernel, x: np.ndarray, n: int, q: np.ndarray):
     r = chebyshev.rule(dim)
     depth = depth_for(points, r.leaf_size(n))
     y = x[::max(1, len(x) // configure.CHARGE_TARGETS)][:configure.CHARGE_TARGETS]
+    cache = {}                                  # the tails, shared by the estimates
     with chebyshev._float64():
         m = chebyshev.pair_moments(kernel, s.x, s.y, s.side, dim, len(x))
-        err = chebyshev.far_field_error(kernel, dim, s.side, depth, m)
+        err = chebyshev.far_field_error(kernel, dim, s.side, depth, m, cache)
         charged = np.array([chebyshev.far_field_error(
             kernel, dim, s.side, depth,
             chebyshev.charge_moments(kernel, jnp.asarray(x), jnp.asarray(q[:, [c]]),
-                                     jnp.asarray(y)))[:, n] for c in range(q.shape[1])]).T
+                                     jnp.asarray(y)), cache)[:, n]
+            for c in range(q.shape[1])]).T
     return depth, err[0, n], err[1, n], charged
 
 
