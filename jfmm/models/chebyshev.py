@@ -347,10 +347,12 @@ RATIO_POINTS = 8000
 # their error, since the far field's error, of high degree in the
 # sources, does not cancel with them. Measured / estimated (phi, grad),
 # benchmarks/calibrate_chebyshev.py --moment-free (float64, 4 random and 4
-# moment-free draws, docs/BENCHMARKS.md): 3D N = 8,000, n = 4-8, 0.03-0.30
-# and up to 0.078 on uniform and sphere points, clusters less; 2D N = 8,192,
-# n = 4-14, 0.06-0.28 and up to 0.065; random and moment-free alike.
-CHARGE_RATIOS = {2: (0.35, 0.1), 3: (0.35, 0.1)}
+# moment-free draws on uniform, sphere and clustered points; errors above
+# rounding, 1e-12 and 1e-11; docs/BENCHMARKS.md), random and moment-free
+# alike: 3D N = 8,000, n = 4-8, phi 0.07-0.30, grad up to 0.079 (clusters
+# below 0.05); 2D N = 8,192, n = 4-12, phi up to 0.50 (Linear, n = 12)
+# and grad up to 0.12 (InverseQuadratic(1), clusters, n = 4).
+CHARGE_RATIOS = {2: (0.6, 0.15), 3: (0.35, 0.1)}
 # Rounding floors of the estimated rule (2D float64 measured: 1e-14 to 2e-13
 # at n = 16-18, docs/BENCHMARKS.md). float32's rounding error, like the
 # truncation's, is relative to |phi|, which some mixed-sign charges make
