@@ -164,10 +164,11 @@ def square_sums(kernel, sources, targets, chunk: int = 4096):
 def charge_sums(kernel, sources, charges, targets):
     """((2, T, K), (K,)): phi^2 and |grad phi|^2 at each of the T targets
     for each of the K charge columns (charges (N, K)), and N mean q^2,
-    summed directly over chunks of sources (pairs at r = 0 as in `square_sums`) of about
-    2^24 pairs: few enough steps that launching them costs little on a
-    GPU. grad phi(t) = t (W q) - W (q x) with W = K'(r) / r, about the
-    targets' centre: two matrix products, no (targets, sources, d) array."""
+    summed directly (pairs at r = 0 as in `square_sums`) over chunks of
+    sources of about 2^24 pairs: few enough steps that launching them
+    costs little on a GPU. grad phi(t) = t (W q) - W (q x) with W = K'(r)
+    / r, about the targets' centre: two matrix products, no (targets,
+    sources, d) array."""
     chunk = max(1, min(sources.shape[0], (1 << 24) // max(targets.shape[0], 1)))
     return _charge_sums(kernel, sources, charges, targets, 1 << (chunk - 1).bit_length())
 
@@ -211,8 +212,9 @@ def charge_moments(kernel, sources, charges, targets) -> tuple[float, float] | N
     """The moments `far_field_error` divides by, for these charges rather
     than random ones: mean phi^2 and |grad phi|^2 over `targets` (a few
     hundred of them; for singular kernels the largest TRIMMED of each
-    left out) over N mean q^2, the least over the charge columns (N, K) that are not all zero;
-    None where all are (float64 numpy; concrete arrays)."""
+    left out) over N mean q^2, the least over the charge columns (N, K)
+    that are not all zero; None where all are (float64 numpy; concrete
+    arrays)."""
     squares, power = (np.asarray(v, np.float64)
                       for v in charge_sums(kernel, sources, charges, targets))  # (2, T, K), (K,)
     live = power > 0
