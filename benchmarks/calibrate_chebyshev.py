@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from common import Table, make_points, moment_free, parser, rel, sample  # noqa: E402
 import jfmm  # noqa: E402
 from jfmm import configure  # noqa: E402
-from jfmm.models import Points, chebyshev, depth_for  # noqa: E402
+from jfmm.models import Points, chebyshev, depth_for, strided  # noqa: E402
 from bench_rbf import COMMON  # noqa: E402
 from accuracy_rbf import label  # noqa: E402
 
@@ -48,7 +48,7 @@ def estimate(kernel, x: np.ndarray, n: int, q: np.ndarray):
     points = Points(len(x), len(x), len(x), dim, None, s)
     r = chebyshev.rule(dim)
     depth = depth_for(points, r.leaf_size(n))
-    y = x[::max(1, len(x) // configure.CHARGE_TARGETS)][:configure.CHARGE_TARGETS]
+    y = strided(x, configure.CHARGE_TARGETS)
     cache = {}                                  # the tails, shared by the estimates
     with chebyshev._float64():
         m = chebyshev.pair_moments(kernel, s.x, s.y, s.side, dim, len(x))

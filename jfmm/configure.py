@@ -31,7 +31,7 @@ from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm._compat import Tracer, known_value
 from jfmm.tree import adaptive as _adaptive
-from jfmm.models import Points, Sample, check_floor, depth_for
+from jfmm.models import Points, Sample, check_floor, depth_for, strided
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
@@ -394,8 +394,7 @@ def core_ratio(kernel, sources, targets, gradient: bool):
     1/r (of phi, and the smaller with grad phi's where `gradient`): sqrt of
     the mean over up to 256 evenly strided targets of sum_i K(r_i)^2 (and
     K'(r_i)^2) over every source, in [0, 1] (a scalar array; jit-able)."""
-    y = sources if targets is None else targets
-    y = y[::max(1, y.shape[0] // _RATIO_TARGETS)][:_RATIO_TARGETS]
+    y = strided(sources if targets is None else targets, _RATIO_TARGETS)
     sources, y = jax.lax.stop_gradient((sources, y))
     ratio = (chebyshev_model.square_sums(kernel, sources, y)
              / chebyshev_model.square_sums(_kernels.Laplace3D(), sources, y))
@@ -505,11 +504,8 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
             or not uses_charges(kernel, sources, targets, family, order, eps, leaf_size,
                                 tree)):
         return None
-    kernel = known_kernel(kernel)
-    y = sources if targets is None else targets
-    y = y[::max(1, y.shape[0] // CHARGE_TARGETS)][:CHARGE_TARGETS]
-    with jax.ensure_compile_time_eval():
-        moments = chebyshev_model.charge_moments(kernel, sources, q, y)
+    y = strided(sources if targets is None else targets, CHARGE_TARGETS)
+    moments = chebyshev_model.charge_moments(known_kernel(kernel), sources, q, y)
     if moments is None or not all(np.isfinite(m) and m > 0 for m in moments):
         return None
     return tuple(float(2.0 ** (np.floor(2 * np.log2(m)) / 2)) for m in moments)

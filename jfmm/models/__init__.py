@@ -57,6 +57,12 @@ class Choice(NamedTuple):
     depth: int
 
 
+def strided(points, count: int = 256):
+    """Up to `count` of the points (M, d), evenly strided: the targets at
+    which the models sum over every source (jit-able)."""
+    return points[::max(1, points.shape[0] // count)][:count]
+
+
 def checked_order(order, max_order: int) -> int | None:
     """A caller's order, range-checked; None where none was given."""
     if order is None:

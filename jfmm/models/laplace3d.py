@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm.models import Choice, Points, choose_order, series_choice
+from jfmm.models import Choice, Points, choose_order, series_choice, strided
 from jfmm.tree import root_box
 from jfmm.tree.uniform import leaf_coords
 
@@ -145,7 +145,7 @@ def far_share(sources, targets, depth: int):
     cells = functools.partial(leaf_coords, lo=lo, side=side, depth=depth)
 
     def share(x, y):
-        y = y[::max(1, y.shape[0] // SHARE_TARGETS)][:SHARE_TARGETS]
+        y = strided(y, SHARE_TARGETS)
         cy = cells(y)
         n, d = x.shape
         chunk = 2048
