@@ -209,9 +209,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         remembered = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, charged=charged)
         if remembered is not None:
             return remembered.apply(charges, gradient)
-    elif mesh is None:
-        charged = _configure.charged(sources, targets, kernel, q, family, order, eps,
-                                     leaf_size, tree)
+    else:                                               # prepared: new arrays
+        charged = _charged(sources, targets, q, kernel, mesh, *opts[:4], tree)
     config = _configure.resolve_eager(sources, targets, kernel, *opts,     # remembered
                                       charged=charged)
     config = _configure.choose_tree(config, sources, targets, tree)
@@ -226,6 +225,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     return _inputs.finish(phi, grad, layout, gradient)
 
 
+def _same_arrays(refs, arrays) -> bool:
+    """Whether the weak references hold these very jax arrays (immutable:
+    the same objects hold the same values)."""
+    return len(refs) == len(arrays) and all(r() is x for r, x in zip(refs, arrays))
+
+
 _CHARGED = []     # (charges, sources, targets weak references, options, moments), recent
 
 
@@ -238,12 +243,11 @@ def _charged(sources, targets, charges, kernel, mesh, eps, leaf_size, order, fam
             or not _configure.uses_charges(kernel, sources, targets, family, order, eps,
                                            leaf_size, tree)):
         return None
-    arrays = (charges, sources, targets)
+    arrays = (charges, sources) + (() if targets is None else (targets,))
     options = (_configure.kernel_key(kernel), family, eps, leaf_size, order, tree)
     held = isinstance(charges, jax.Array) and options[0] is not None
     for refs, opts, value in _CHARGED if held else ():
-        if opts == options and all((r is None and x is None) or (r is not None and r() is x)
-                                   for r, x in zip(refs, arrays)):
+        if opts == options and _same_arrays(refs, arrays):
             return value
     try:
         q, _ = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
@@ -252,8 +256,7 @@ def _charged(sources, targets, charges, kernel, mesh, eps, leaf_size, order, fam
     value = _configure.charged(sources, targets, kernel, q, family, order, eps, leaf_size,
                                tree)
     if held and not _compat.tracing() and _configure.concrete(charges):
-        refs = tuple(None if x is None else weakref.ref(x) for x in arrays)
-        _CHARGED.insert(0, (refs, options, value))
+        _CHARGED.insert(0, (tuple(map(weakref.ref, arrays)), options, value))
         del _CHARGED[4:]
     return value
 
@@ -276,7 +279,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
     options = (values, eps, leaf_size, order, family, gradient, tree, mesh, targets is None,
                charged)
     for i, (refs, opts, pl) in enumerate(_PLANS):
-        if opts == options and all(r() is x for r, x in zip(refs, pts)):
+        if opts == options and _same_arrays(refs, pts):
             break
     else:                               # first sight: remembered, no plan yet
         if not make:
@@ -439,10 +442,10 @@ def _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tre
         mesh = _distributed.check_mesh(mesh)
         sources, targets = (_distributed.on_mesh(x, mesh) for x in (sources, targets))
     sources, targets = _inputs.points_of(sources, targets, kernel)
-    if charges is not None and charged is None and mesh is None:
-        q, _ = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
-        charged = _configure.charged(sources, targets, kernel, q, family, order, eps,
-                                     leaf_size, tree)
+    if charges is not None and charged is None:
+        q, _ = _inputs.charges_of(charges, sources.shape[0], sources.dtype)   # checked
+        charged = _charged(sources, targets, q, kernel, mesh, eps, leaf_size, order, family,
+                           tree)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree, charged)
     config = _configure.choose_tree(config, sources, targets, tree)
