@@ -197,13 +197,18 @@ def test_unreachable_eps_and_wrong_dimension_raise(rng):
 
 
 def test_float32(rng):
+    """float32 in, float32 out, within eps of a float64 sum of the rounded
+    inputs. eps is 2e-4: on leaves of 16 the float32 gradient's rounding
+    alone reaches about 1e-4 for some charge draws (7.4e-5 at the best
+    order on the worst of 200; eager calls, which see the charges, raise
+    there at 1e-4), and 2e-4 measured within 7.9e-5 over 200 draws."""
     x, q = points("cube", 800, rng, 2), charges(800, rng)
     kern = K.Multiquadric(1.5)
-    phi, grad = jfmm.fmm(np.float32(x), np.float32(q), kernel=kern, eps=1e-4, gradient=True,
+    phi, grad = jfmm.fmm(np.float32(x), np.float32(q), kernel=kern, eps=2e-4, gradient=True,
                          leaf_size=16)
     assert phi.dtype == np.float32
     ref, gref = radial_reference(kern, np.float32(x), np.float32(q))
-    assert rel(phi, ref) <= 1e-4 and rel(grad, gref) <= 1e-4
+    assert rel(phi, ref) <= 2e-4 and rel(grad, gref) <= 2e-4
 
 
 def test_float32_gradients_on_deep_trees(rng):
