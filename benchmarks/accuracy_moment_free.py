@@ -18,12 +18,21 @@ bounding it); beside them the moment-free error of `jfmm.direct` in the
 same dtype (its rounding alone). A plan that raises (eps below what the
 dtype reaches for these charges) is a row with errors null.
 
+The plan made without charges is also applied under jit to the same
+draws, where it checks them (`configure.checked`): the worst error
+without that check (what jit gave before it), how many draws it flags
+(NaN), and the worst error of those it passes (with --gradient, each the
+worse of phi's and grad's).
+
 JSON row fields: n, kernel, dim, points, dtype, eps, charges ("random" or
 "moment-free"), family, order_static, order, depth, err_phi, err_grad
 (null without --gradient), err_direct (the direct sum's, moment-free rows),
-raises (the message's reachable eps, or null).
+raises (the message's reachable eps, or null), err_unchecked, flagged,
+err_checked (null where every draw was flagged).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 
@@ -48,7 +57,39 @@ COLUMNS = [("kernel", "kernel", ""), ("points", "points", ""), ("dtype", "dtype"
            ("err_grad", "err grad / eps", lambda r: "" if r["err_grad"] is None
             else f"{r['err_grad'] / r['eps']:.2f}"),
            ("err_direct", "direct", lambda r: "" if r["err_direct"] is None
-            else f"{r['err_direct']:.1e}")]
+            else f"{r['err_direct']:.1e}"),
+           ("err_unchecked", "without charges: unchecked / eps",
+            lambda r: f"{r['err_unchecked'] / r['eps']:.2f}"),
+           ("flagged", "flagged", lambda r: f"{r['flagged']}"),
+           ("err_checked", "passed / eps", lambda r: "" if r["err_checked"] is None
+            else f"{r['err_checked'] / r['eps']:.2f}")]
+
+
+def _errors(pl, q, idx, ref_phi, ref_grad, grad_on):
+    """Per column of q: the worst of phi's and (grad_on) grad's relative
+    errors of the plan's sums under jit (NaN where its check flagged it)."""
+    out = jax.jit(lambda c: pl.apply(c, gradient=grad_on))(q)
+    phi, grad = out if grad_on else (out, None)
+    errs = []
+    for j in range(q.shape[1]):
+        e = rel(np.asarray(phi, np.float64)[idx, j], ref_phi[:, j])
+        if grad_on:
+            e = max(e, rel(np.asarray(grad, np.float64)[idx, j], ref_grad[:, j]))
+        errs.append(e)
+    return np.array(errs)
+
+
+def _without_charges(static, q, idx, ref_phi, ref_grad, grad_on) -> dict:
+    """The plan made without charges (what jit and such plans take) on
+    these columns: its sums' worst error without the check of the charges
+    (`configure.checked`), how many columns the check flags (NaN), and the
+    worst error of those it passes."""
+    bare = dataclasses.replace(static, config=dataclasses.replace(static.config, guard=None))
+    unchecked = _errors(bare, q, idx, ref_phi, ref_grad, grad_on)
+    checked = _errors(static, q, idx, ref_phi, ref_grad, grad_on)
+    passed = checked[~np.isnan(checked)]
+    return dict(err_unchecked=float(unchecked.max()), flagged=int(np.isnan(checked).sum()),
+                err_checked=float(passed.max()) if passed.size else None)
 
 
 def main():
@@ -92,6 +133,8 @@ def main():
                                eps=eps, charges=name, family=static.family,
                                order_static=static.order, order=None, depth=None, err_phi=None,
                                err_grad=None, err_direct=None, raises=None)
+                    row.update(_without_charges(static, qd[:, cols], idx, ref_phi[:, cols],
+                                                ref_grad[:, cols], grad_on))
                     if name == "moment-free":
                         direct = np.asarray(jfmm.direct(xd, qd[:, cols], xd[idx], kernel=k),
                                             np.float64)

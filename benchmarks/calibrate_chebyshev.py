@@ -48,7 +48,7 @@ def estimate(kernel, x: np.ndarray, n: int, q: np.ndarray):
     points = Points(len(x), len(x), len(x), dim, None, s)
     r = chebyshev.rule(dim)
     depth = depth_for(points, r.leaf_size(n))
-    y = strided(x, configure.CHARGE_TARGETS)
+    y = strided(x, chebyshev.CHARGE_TARGETS)
     cache = {}                                  # the tails, shared by the estimates
     with chebyshev._float64():
         m = chebyshev.pair_moments(kernel, s.x, s.y, s.side, dim, len(x))

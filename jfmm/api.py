@@ -53,7 +53,7 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 # ------------------------------------------------------------------ fmm
 
 def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
-    """Build the tree and bind the FMM primitive: phi (M, K), grad (M, K, d) or None.
+    """Build the tree and bind the FMM primitive (`_bind`).
     A configuration with a fallback (traced points, `Config.fallback`)
     sums with it where its own does not fit the points
     (`configure.series_fit`)."""
@@ -69,8 +69,12 @@ def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
 
 
 def _bind(tree, ops, kernel, charges, config, gradient, mode):
+    """phi (M, K), grad (M, K, d) or None, and whether they pass the
+    configuration's check of the charges (`configure.checked`: NaN where
+    they do not)."""
     outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), config, mode)
-    return outs[0], (outs[1] if gradient else None)
+    return _configure.checked(config, kernel, tree.side, charges, outs[0],
+                              outs[1] if gradient else None)
 
 
 def _call(jits, *args, mode: str, **static):
@@ -127,10 +131,15 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     relative to the terms summed, cancelling charges raise where rounding
     alone would exceed eps (use float64). Inside jit, under vmap or grad
     with respect to the charges, and in plans made without `charges=`, the
-    order holds for charges that do not cancel by construction; for
-    moment-free ones there ask for eps / 10 in 3D and eps / 100 in 2D.
-    Laplace's series and the fast Gauss transform measured within eps on
-    both kinds.
+    order is chosen for charges that do not cancel by construction, and
+    the sums check their own charges (`configure.checked`): from phi and
+    grad phi at the same 256 targets, the error estimate with these
+    charges; a charge column whose estimate exceeds eps (and what the
+    order was chosen for) comes back NaN under jit and raises `Unreachable`
+    eagerly (moment-free charges, which erred up to 7 eps at such orders,
+    are flagged or within eps). Make the plan with `charges=` like those to
+    be summed, or ask for a smaller eps, to keep them. Laplace's series and
+    the fast Gauss transform measured within eps on both kinds.
 
     Every JAX transformation works with respect to sources, charges and
     targets (jfmm.primitive): jax.grad of the potential costs two FMM calls
@@ -218,10 +227,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                                    leaf_size).with_mesh(mesh)
     if config.tree == "adaptive":
         pl = _new_plan(sources, targets, kernel, config, order, charged)
-        phi, grad = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
+        phi, grad, ok = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
     else:
-        phi, grad = _call(_fmm_jits, sources, q, targets, kernel, config=config,
-                          gradient=gradient, mode=backend.current())
+        phi, grad, ok = _call(_fmm_jits, sources, q, targets, kernel, config=config,
+                              gradient=gradient, mode=backend.current())
+    _configure.raise_unchecked(ok, config)
     return _inputs.finish(phi, grad, layout, gradient)
 
 
@@ -314,7 +324,8 @@ class Plan:
     returns NaN under jit and raises from an eager `apply`, as does a plan
     of a kernel summed as 1/r beyond a core (`Kernel.laplace_beyond`)
     whose points `update` packed so tightly that its leaves are smaller
-    than the core.
+    than the core, and (per charge column) a Chebyshev plan applied to
+    charges that cancel beyond what its order holds eps for (`fmm`).
     """
     tree: _tree.Tree | _adaptive.AdaptiveTree
     kernel: _kernels.Kernel
@@ -348,7 +359,9 @@ class Plan:
                                "jfmm.plan(...)")
         if self.config.mesh is not None:
             charges = _distributed.on_mesh(charges, self.config.mesh)
-        phi, grad = _call(_apply_jits, self, charges, gradient=gradient, mode=backend.current())
+        phi, grad, ok = _call(_apply_jits, self, charges, gradient=gradient,
+                              mode=backend.current())
+        _configure.raise_unchecked(ok, self.config)
         return (phi, grad) if gradient else phi
 
     def update(self, sources, targets=None):
@@ -385,8 +398,9 @@ def _apply(plan_, charges, gradient, mode):
     plan costs about a direct sum's)."""
     q, layout = _inputs.charges_of(charges, plan_.tree.src_perm.shape[0],
                                    plan_.tree.src_sorted.dtype)
-    phi, grad = _bind(plan_.tree, plan_.ops, plan_.kernel, q, plan_.config, gradient, mode)
-    return _inputs.finish(phi, grad, layout, True)
+    phi, grad, ok = _bind(plan_.tree, plan_.ops, plan_.kernel, q, plan_.config, gradient,
+                          mode)
+    return (*_inputs.finish(phi, grad, layout, True), ok)
 
 
 _apply_jits = backend.jits(_apply, ("gradient", "mode"))
@@ -424,8 +438,10 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     (`fmm`): random charges take lower orders than a plan made without
     them, which holds for any charges that do not cancel by construction;
     charges that do (RBF weights with a polynomial tail) take the higher
-    order they need. A plan made with one kind and applied to the other
-    loses that guarantee. On a mesh the charges are not looked at."""
+    order they need. Applied to charges that cancel more than those, the
+    sums are checked as in `fmm`: NaN under jit, `Unreachable` eagerly,
+    where the error estimate for them exceeds eps. On a mesh the charges
+    are not looked at."""
     return _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree, mesh,
                  charges=charges)
 

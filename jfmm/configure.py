@@ -31,7 +31,7 @@ from jfmm import kernels as _kernels
 from jfmm import tree as _tree
 from jfmm._compat import Tracer, known_value
 from jfmm.tree import adaptive as _adaptive
-from jfmm.models import Points, Sample, check_floor, depth_for, strided
+from jfmm.models import Points, Sample, Unreachable, check_floor, depth_for, strided
 from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
@@ -97,7 +97,9 @@ class Config:
     plan's points that break it give NaN); fallback: for traced points
     with a reach, the configuration (the direct sum) for points whose
     leaves come out smaller than the reach (`jfmm.api` chooses at run
-    time, `series_fit`)."""
+    time, `series_fit`); guard: the Chebyshev estimate at this order, with
+    which the sums check their own charges (`models.chebyshev.Guard`;
+    None for other families and a caller's order)."""
     family: object
     order: int
     depth: int
@@ -108,6 +110,7 @@ class Config:
     mesh: object = None
     reach: float = 0.0
     fallback: Config | None = None
+    guard: object = None
 
     def with_mesh(self, mesh) -> Config:
         """This configuration (and its fallback) on `mesh`."""
@@ -282,7 +285,7 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None,
                     sample, (side, levels, moments), charged)
     choice = chebyshev_model.choose(kernel, config.eps, sources.dtype, points, None,
                                     config.gradient)
-    return dataclasses.replace(config, order=choice.order)
+    return dataclasses.replace(config, order=choice.order, guard=choice.guard)
 
 
 def _check_family(family) -> str:
@@ -377,7 +380,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         return Config(None, choice.order, choice.depth, eps)
     if gauss is not None:
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
-    return Config(fam, choice.order, choice.depth, eps, gradient)
+    return Config(fam, choice.order, choice.depth, eps, gradient, guard=choice.guard)
 
 
 # A kernel that is 1/r beyond a core has the series' far field but sums
@@ -425,7 +428,8 @@ def _core_config(kernel, eps: float, order, gradient: bool, sources, targets,
                                      gradient))
     if order is None and eps * ratio < laplace3d_model.EPS_FLOOR[jnp.dtype(dtype).name]:
         choice = chebyshev_model.choose(kernel, eps, dtype, points, None, gradient)
-        return Config(chebyshev_family(dim), choice.order, choice.depth, eps, gradient)
+        return Config(chebyshev_family(dim), choice.order, choice.depth, eps, gradient,
+                      guard=choice.guard)
     choice = laplace3d_model.choose(kernel, eps * ratio, dtype, points, order, gradient)
     depth = choice.depth
     if not known:
@@ -459,11 +463,11 @@ def _sampled(kernel, dim: int, order, family: str) -> bool:
 
 
 # Charges known when the configuration is made (eager `fmm` calls, `plan`
-# given charges) are summed directly at CHARGE_TARGETS strided targets for
-# the Chebyshev estimate's denominator (`chebyshev.charge_moments`); the
-# moments are rounded down to a power of sqrt(2), so that repeated calls
-# with like charges find their configuration remembered.
-CHARGE_TARGETS = 256
+# given charges) are summed directly at chebyshev.CHARGE_TARGETS strided
+# targets for the Chebyshev estimate's denominator
+# (`chebyshev.charge_moments`); the moments are rounded down to a power of
+# sqrt(2), so that repeated calls with like charges find their
+# configuration remembered.
 
 
 def uses_charges(kernel, sources, targets, family, order, eps=None, leaf_size=None,
@@ -504,11 +508,45 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
             or not uses_charges(kernel, sources, targets, family, order, eps, leaf_size,
                                 tree)):
         return None
-    y = strided(sources if targets is None else targets, CHARGE_TARGETS)
+    y = strided(sources if targets is None else targets, chebyshev_model.CHARGE_TARGETS)
     moments = chebyshev_model.charge_moments(known_kernel(kernel), sources, q, y)
     if moments is None or not all(np.isfinite(m) and m > 0 for m in moments):
         return None
     return tuple(float(2.0 ** (np.floor(2 * np.log2(m)) / 2)) for m in moments)
+
+
+def checked(config: Config, kernel, side, charges, phi, grad=None):
+    """The sums of a configuration with a guard (`Config.guard`), checked
+    against their own charges: (phi, grad, ok). Columns whose estimated
+    error with these charges' moments (taken from the sums themselves,
+    `chebyshev.log_output_moments`) exceeds eps, and what the order was
+    chosen for, are NaN; ok: a bool array, whether none is (True without a
+    guard). charges (N, K), phi (M, K), grad (M, K, d) or None; side: the
+    tree's root side. jit-able; no gradient flows through the check."""
+    ok = jnp.ones((), bool)
+    if config.guard is None:
+        return phi, grad, ok
+    log_m = chebyshev_model.log_output_moments(
+        kernel, *jax.lax.stop_gradient((phi, grad, charges)))
+    good = config.guard.check(config.eps, jax.lax.stop_gradient(side), log_m)
+    good = good | jnp.isnan(log_m)               # NaN charges or points: NaN already
+    phi = jnp.where(good[0], phi, jnp.nan)
+    if grad is not None:
+        grad = jnp.where(good[1][:, None], grad, jnp.nan)
+    return phi, grad, jnp.all(good[0]) & jnp.all(good[1] | (grad is None))
+
+
+def raise_unchecked(ok, config: Config):
+    """Raise Unreachable where eager sums failed their check (`checked`);
+    under jit they are NaN."""
+    if concrete(ok) and not bool(ok):
+        raise Unreachable(
+            f"eps={config.eps:g} is not met for these charges at the order chosen "
+            f"(n = {config.order}): they cancel in phi more than the charges it was "
+            f"chosen for (random ones, or a plan's charges=), and the error estimate "
+            f"with their own phi exceeds eps. Call jfmm.fmm eagerly with them, make "
+            f"the plan with jfmm.plan(..., charges=) of charges like them, or ask for "
+            f"a smaller eps")
 
 
 # Repeated eager calls: configurations remembered (LRU).

@@ -52,9 +52,11 @@ class Points(NamedTuple):
 
 class Choice(NamedTuple):
     """A family's order and tree depth (for the fast Gauss transform, its
-    grid level)."""
+    grid level); guard: the Chebyshev estimate kept for a check of the
+    charges summed (`chebyshev.Guard`), None elsewhere."""
     order: int
     depth: int
+    guard: object = None
 
 
 def strided(points, count: int = 256):

@@ -5,13 +5,14 @@ parameters are traced; and the leaf size."""
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jfmm.models import (Choice, Points, Unreachable, check_floor, checked_order, choose_order,
-                         depth_for)
+                         depth_for, strided)
 from jfmm.tree import lists
 
 
@@ -206,6 +207,14 @@ def _charge_sums(kernel, sources, charges, targets, chunk: int):
 # on a sphere) can carry a mean over a few hundred targets alone, far
 # above the mean over all of them (measured / estimated 0.16 untrimmed).
 TRIMMED = 1 / 32
+# The targets (strided) at which the charges' moments are taken.
+CHARGE_TARGETS = 256
+
+
+def _kept(count: int, singular: bool) -> int:
+    """How many of `count` targets' squares the moments average (the
+    smallest; TRIMMED left out for singular kernels)."""
+    return max(1, count - int(TRIMMED * count * singular))
 
 
 def charge_moments(kernel, sources, charges, targets) -> tuple[float, float] | None:
@@ -220,8 +229,8 @@ def charge_moments(kernel, sources, charges, targets) -> tuple[float, float] | N
     live = power > 0
     if not live.any():
         return None
-    keep = squares.shape[1] - int(TRIMMED * squares.shape[1] * kernel.singular)
-    means = np.mean(np.sort(squares, axis=1)[:, :max(keep, 1)], axis=1)    # (2, K)
+    keep = _kept(squares.shape[1], kernel.singular)
+    means = np.mean(np.sort(squares, axis=1)[:, :keep], axis=1)    # (2, K)
     return tuple(float(v) for v in np.min(means[:, live] / power[live], axis=1))
 
 
@@ -396,6 +405,102 @@ def gradient_rounding(dim: int, n: int, depth: int, side: float, moments) -> flo
     return ROUNDING_SCALE[dim] * float(unit)
 
 
+_LOG_ZERO = -1000.0
+
+
+class Guard(NamedTuple):
+    """The error estimate of a chosen order, kept for a check of the
+    charges it sums (`check`): where they cancel more than those it was
+    chosen for (unknown charges: random ones), the estimate with their own
+    moments (`charge_moments`, CHARGE_RATIOS) may exceed eps. Per root box
+    side (one for concrete points; _TRACED_SIDES for traced ones, between
+    which the check interpolates in log side), in logs: num (phi, grad),
+    the estimate times sqrt of the moments it divides by; accepted, the
+    estimate the order was chosen with (for the charges assumed); static,
+    phi's moment of random charges, which float32's rounding error
+    (`rounding`) is relative to; noise: float32 gradients' rounding
+    (`gradient_rounding`). Floats only: part of a hashable `Config`."""
+    log_sides: tuple
+    log_num: tuple          # (sides,) of (phi, grad)
+    log_accepted: tuple     # (sides,) of (phi, grad)
+    log_static: tuple       # (sides,)
+    rounding: float
+    noise: float
+
+    @classmethod
+    def of(cls, sides, err, moments, static, ratios, ratio_charged, rounding, noise) -> Guard:
+        """err (sides, 2): estimates at the chosen order, for the moments
+        (sides of (phi, grad)) with the ratios they were chosen with;
+        static: random charges' moments per side."""
+        with np.errstate(divide="ignore"):
+            static = np.log([m[0] for m in static])
+            num = np.log(np.asarray(ratio_charged) * err * np.sqrt(np.asarray(moments)))
+            accepted = np.log(np.asarray(ratios) * err)
+        # -inf (no far field, or no gradient asked) as a finite floor: interpolated
+        # between sides it would give NaN
+        rows = lambda a: tuple(tuple(max(float(v), _LOG_ZERO) for v in r) for r in a)  # noqa: E731
+        return cls(tuple(float(np.log(s)) for s in sides), rows(num), rows(accepted),
+                   tuple(max(float(v), _LOG_ZERO) for v in static), float(rounding),
+                   float(noise))
+
+    def check(self, eps: float, side, log_moments):
+        """(2, K) bool: whether the estimate for charges with these moments
+        (`log_output_moments`, (2, K)) keeps phi's (row 0) and grad phi's
+        (row 1) errors within eps, or within what the order was chosen for
+        (it may stand above eps where a traced call's order is capped by
+        the worst-case rule). side: the tree's root side (jit-able)."""
+        def at(table):
+            table = jnp.asarray(table, log_moments.dtype)
+            if table.shape[0] == 1:
+                return table[0]
+            x = jnp.log(side).astype(table.dtype)
+            xp = jnp.asarray(self.log_sides, table.dtype)
+            if table.ndim == 1:
+                return jnp.interp(x, xp, table)
+            return jnp.stack([jnp.interp(x, xp, c) for c in table.T])
+
+        log_m = log_moments
+        num = at(self.log_num)[:, None]
+        # no far field (num at the floor): no error, whatever the moments
+        pred = jnp.where(num > _LOG_ZERO, jnp.exp(num - 0.5 * log_m), 0.0)  # (2, K)
+        accepted = jnp.exp(at(self.log_accepted))                            # (2,)
+        budget = eps
+        if self.rounding:       # grows by the charges' cancellation against random ones'
+            cancel = jnp.exp(0.5 * (log_m[0] - at(self.log_static)))
+            budget = eps - self.rounding / jnp.minimum(1.0, cancel)
+        ok_phi = pred[0] <= jnp.maximum(budget, accepted[0])
+        ok_grad = (jnp.hypot(pred[1], self.noise)
+                   <= jnp.maximum(budget, jnp.hypot(accepted[1], self.noise)))
+        return jnp.stack([ok_phi, ok_grad])
+
+
+def log_output_moments(kernel, phi, grad, charges):
+    """(2, K): logs of the moments `charge_moments` takes, from a sum's
+    own results (phi (M, K), grad (M, K, d) or None: then row 1 is 0)
+    at the strided targets and the charges (N, K); inf for a column of
+    zero charges (its sums are exact). In logs with each column scaled to its largest value,
+    so that no square underflows (jit-able)."""
+    def log_sum_squares(x, axis, keep=None):
+        x = jnp.abs(x)
+        top = jnp.max(x, axis=axis, keepdims=True)
+        top = jnp.where(top > 0, top, 1.0)
+        sq = (x / top) ** 2
+        if keep is not None:
+            sq = jnp.sort(sq, axis=axis)[:keep]
+        return jnp.log(jnp.sum(sq, axis=axis)) + 2 * jnp.log(jnp.squeeze(top, axis))
+
+    phi = strided(phi, CHARGE_TARGETS)
+    keep = _kept(phi.shape[0], kernel.singular)
+    power = log_sum_squares(charges, 0)
+    out = [log_sum_squares(phi, 0, keep) - jnp.log(keep) - power]
+    if grad is None:
+        out.append(jnp.zeros_like(out[0]))
+    else:
+        g = jnp.sqrt(jnp.sum(strided(grad, CHARGE_TARGETS) ** 2, axis=-1))
+        out.append(log_sum_squares(g, 0, keep) - jnp.log(keep) - power)
+    return jnp.where(jnp.isneginf(power), jnp.inf, jnp.stack(out))
+
+
 def _float64():
     """A context in which jnp computes in float64 (jax.enable_x64 here,
     jax.experimental.enable_x64 in releases without it)."""
@@ -463,7 +568,7 @@ class Rule:
 
     def order_for(self, eps: float, dtype, kernel, depth_of, root_side=None,
                   pairs=None, gradient: bool = True, count: int = 1, shares=None,
-                  moments=None, charged=None) -> int:
+                  moments=None, charged=None) -> tuple[int, int | None, Guard]:
         """n for a relative L2 error eps from `far_field_error`: the
         smallest n whose estimates, phi_ratio err phi and (gradient)
         gradient_ratio err grad, are <= eps less the dtype's rounding error.
@@ -481,8 +586,9 @@ class Rule:
         CHARGE_RATIOS, and scale float32's rounding error (`ROUNDING_ERROR`
         is relative to phi of random charges: charges that cancel leave
         it larger against their phi).
-        Returns (n, depth): depth None where the tree's stands, else the
-        uniform tree's depth for float32 gradients (`gradient_rounding`).
+        Returns (n, depth, guard): depth None where the tree's stands, else
+        the uniform tree's depth for float32 gradients (`gradient_rounding`);
+        guard: the estimate at n, to check the charges summed (`Guard`).
         ValueError if no n reaches eps, or eps is below the dtype's
         ROUNDING_FLOOR.
         """
@@ -494,6 +600,7 @@ class Rule:
         ratio = (self.phi_ratio, self.gradient_ratio) if charged is None else \
             CHARGE_RATIOS[self.dim]
         ratios = few * ratio[0], few * ratio[1] * gradient
+        ratio_charged = few * CHARGE_RATIOS[self.dim][0], few * CHARGE_RATIOS[self.dim][1] * gradient
         if root_side is None:
             # The worst over box sizes; no more than the worst-case rule's n.
             try:
@@ -525,12 +632,24 @@ class Rule:
                         f"about {rounding_error:.1e} relative to it; use float64 inputs with "
                         f"jax_enable_x64 or a larger eps", rounding_error)
             budget = eps - rounding_error
-            estimates, cache = {}, {}
+            per_side, cache = {}, {}
             best = reach = rounded = None
 
             def rounding(n, depth):
                 return max(gradient_rounding(self.dim, n, depth, s, m)
                            for s, m in zip(sides, static))
+
+            def estimates(depth):           # (sides, 2, M + 1)
+                if depth not in per_side:
+                    per_side[depth] = np.array([far_field_error(kernel, self.dim, s, depth, m,
+                                                                cache, shares)
+                                                for s, m in zip(sides, moments)])
+                return per_side[depth]
+
+            def chosen(n, depth, fewer, noise):
+                guard = Guard.of(sides, estimates(fewer)[:, :, n], moments, static, ratios,
+                                 ratio_charged, rounding_error, noise)
+                return n, (None if fewer == depth else fewer), guard
 
             for n in self.ESTIMATED_ORDERS:
                 depth = fewer = depth_of(n) if shares is None else None
@@ -540,17 +659,15 @@ class Rule:
                 deepest = fewer if shares is None else max(shares, default=0)
                 noise = rounding(n, deepest) if rounds else 0.0
                 rounded = noise                             # at the highest order tried
-                if fewer not in estimates:
-                    estimates[fewer] = np.max([far_field_error(kernel, self.dim, s, fewer, m, cache,
-                                                               shares)
-                                               for s, m in zip(sides, moments)], axis=0)
-                err = estimates[fewer][:, n]
-                out = None if fewer == depth else fewer
+                err = estimates(fewer).max(axis=0)[:, n]
                 grad = np.hypot(ratios[1] * err[1], noise)
                 if max(ratios[0] * err[0], grad) <= budget:
-                    return (n if root_side is not None or cap is None else min(n, cap)), out
+                    if root_side is None and cap is not None and cap < n:
+                        n, depth = cap, depth_of(cap)      # traced points: fewer is depth
+                        fewer = depth
+                    return chosen(n, depth, fewer, noise)
                 if root_side is None and n == cap:
-                    return cap, out
+                    return chosen(n, depth, fewer, noise)
                 best = err[0] if best is None else min(best, err[0])
                 need = max(ratios[0] * err[0], grad) + eps - budget
                 reach = need if reach is None else min(reach, need)
@@ -594,11 +711,11 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
         shares = moments = None
         if points.shares is not None:       # an adaptive tree's root, shares and moments
             side, shares, moments = points.shares
-        n, depth = r.order_for(eps, dtype, kernel, lambda k: depth_for(points, r.leaf_size(k)),
-                               side, pairs, gradient, max(points.n_src, points.n_tgt), shares,
-                               moments, points.charged)
-        if depth is not None:
-            return Choice(n, depth)
+        n, depth, guard = r.order_for(eps, dtype, kernel,
+                                      lambda k: depth_for(points, r.leaf_size(k)), side, pairs,
+                                      gradient, max(points.n_src, points.n_tgt), shares,
+                                      moments, points.charged)
+        return Choice(n, depth_for(points, r.leaf_size(n)) if depth is None else depth, guard)
     elif n is None:
         try:
             n = r.order(eps, dtype)
