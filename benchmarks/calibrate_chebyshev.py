@@ -6,7 +6,7 @@ float64 direct sum, the largest over --draws random charge vectors; with
 weights of an RBF interpolant with a linear polynomial tail) and their
 ratios, from which the model's margins are set (`jfmm.models.chebyshev`).
 Beside the estimate for unknown charges, the estimate for each draw's own
-charges (`chebyshev.charge_moments` at the strided targets that
+charges (`configure.charge_moments` at the strided targets that
 `jfmm.configure.charged` takes) and the largest ratio of measured to it,
 over the random draws and over the moment-free ones (CHARGE_RATIOS).
 The estimates take a uniform tree's shares: on clustered points, which
@@ -55,7 +55,7 @@ def estimate(kernel, x: np.ndarray, n: int, q: np.ndarray):
         err = chebyshev.far_field_error(kernel, dim, s.side, depth, m, cache)
         charged = np.array([chebyshev.far_field_error(
             kernel, dim, s.side, depth,
-            chebyshev.charge_moments(kernel, jnp.asarray(x), jnp.asarray(q[:, [c]]),
+            configure.charge_moments(kernel, jnp.asarray(x), jnp.asarray(q[:, [c]]),
                                      jnp.asarray(y)), cache)[:, n]
             for c in range(q.shape[1])]).T
     return depth, err[0, n], err[1, n], charged

@@ -36,7 +36,7 @@ from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
 from jfmm.models import laplace3d as laplace3d_model
-from jfmm.ops import chebyshev, hermite, laplace2d, laplace3d
+from jfmm.ops import backend, chebyshev, hermite, laplace2d, laplace3d
 from jfmm.tree import lists
 
 FAMILIES = ("auto", "chebyshev", "hermite")
@@ -492,6 +492,18 @@ def uses_charges(kernel, sources, targets, family, order, eps=None, leaf_size=No
                             order, leaf_size, family, tree))
 
 
+_target_sums = jax.jit(backend.dense, static_argnames=("gradient", "mode", "hessian"))
+
+
+def charge_moments(kernel, sources, q, targets):
+    """`chebyshev.charge_moments` of charges q (N, K) at a few hundred
+    targets (T, d), their sums over every source by the direct sum's
+    kernel (`backend.dense`)."""
+    phi, grad = _target_sums(kernel, targets, sources, q, gradient=True,
+                             mode=backend.current())
+    return chebyshev_model.charge_moments(kernel, phi, grad, q)
+
+
 def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None,
             tree="auto"):
     """The Chebyshev estimate's moments for charges q (N, K) of the points'
@@ -509,7 +521,7 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
                                 tree)):
         return None
     y = strided(sources if targets is None else targets, chebyshev_model.CHARGE_TARGETS)
-    moments = chebyshev_model.charge_moments(known_kernel(kernel), sources, q, y)
+    moments = charge_moments(known_kernel(kernel), sources, q, y)
     if moments is None or not all(np.isfinite(m) and m > 0 for m in moments):
         return None
     return tuple(float(2.0 ** (np.floor(2 * np.log2(m)) / 2)) for m in moments)
@@ -519,15 +531,16 @@ def checked(config: Config, kernel, side, charges, phi, grad=None):
     """The sums of a configuration with a guard (`Config.guard`), checked
     against their own charges: (phi, grad, ok). Columns whose estimated
     error with these charges' moments (taken from the sums themselves,
-    `chebyshev.log_output_moments`) exceeds eps, and what the order was
+    `chebyshev.log_moments`) exceeds eps, and what the order was
     chosen for, are NaN; ok: a bool array, whether none is (True without a
     guard). charges (N, K), phi (M, K), grad (M, K, d) or None; side: the
     tree's root side. jit-able; no gradient flows through the check."""
     ok = jnp.ones((), bool)
     if config.guard is None:
         return phi, grad, ok
-    log_m = chebyshev_model.log_output_moments(
-        kernel, *jax.lax.stop_gradient((phi, grad, charges)))
+    few = functools.partial(strided, count=chebyshev_model.CHARGE_TARGETS)
+    log_m = chebyshev_model.log_moments(
+        kernel, *jax.lax.stop_gradient((few(phi), None if grad is None else few(grad), charges)))
     good = config.guard.check(config.eps, jax.lax.stop_gradient(side), log_m)
     good = good | jnp.isnan(log_m)               # NaN charges or points: NaN already
     phi = jnp.where(good[0], phi, jnp.nan)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jfmm.models import (Choice, Points, Unreachable, check_floor, checked_order, choose_order,
-                         depth_for, strided)
+                         depth_for)
 from jfmm.tree import lists
 
 
@@ -162,46 +162,6 @@ def square_sums(kernel, sources, targets, chunk: int = 4096):
     return total / targets.shape[0]
 
 
-def charge_sums(kernel, sources, charges, targets):
-    """((2, T, K), (K,)): phi^2 and |grad phi|^2 at each of the T targets
-    for each of the K charge columns (charges (N, K)), and N mean q^2,
-    summed directly (pairs at r = 0 as in `square_sums`) over chunks of
-    sources of about 2^24 pairs: few enough steps that launching them
-    costs little on a GPU. grad phi(t) = t (W q) - W (q x) with W = K'(r)
-    / r, about the targets' centre: two matrix products, no (targets,
-    sources, d) array."""
-    chunk = max(1, min(sources.shape[0], (1 << 24) // max(targets.shape[0], 1)))
-    return _charge_sums(kernel, sources, charges, targets, 1 << (chunk - 1).bit_length())
-
-
-@functools.partial(jax.jit, static_argnames=("chunk",))
-def _charge_sums(kernel, sources, charges, targets, chunk: int):
-    (n, d), k_cols = sources.shape, charges.shape[1]
-    centre = jnp.mean(targets, axis=0)
-    targets, sources = targets - centre, sources - centre
-    pad = -n % chunk                              # zero charges: they add nothing
-    xs = jnp.concatenate([sources, jnp.zeros((pad, d), sources.dtype)]).reshape(-1, chunk, d)
-    qs = jnp.concatenate([charges, jnp.zeros((pad, k_cols), charges.dtype)])
-    qs = qs.reshape(-1, chunk, k_cols)
-
-    def body(acc, xq):
-        x, q = xq
-        r2 = sum((targets[:, None, a] - x[None, :, a]) ** 2 for a in range(d))   # (T, C)
-        pos = r2 > 0
-        r = jnp.sqrt(jnp.where(pos, r2, 1.0))
-        k, dk = kernel.value_and_derivative(r)
-        k = jnp.where(pos, k, 0.0 if kernel.singular else kernel.at_zero(r2.dtype))
-        w = jnp.where(pos, dk / r, 0.0)
-        qx = (q[:, :, None] * x[:, None, :]).reshape(x.shape[0], k_cols * d)
-        return (acc[0] + k @ q, acc[1] + w @ q, acc[2] + w @ qx), None
-
-    t = targets.shape[0]
-    init = tuple(jnp.zeros((t, m), targets.dtype) for m in (k_cols, k_cols, k_cols * d))
-    (phi, wq, wqx), _ = jax.lax.scan(body, init, (xs, qs))
-    grad = targets[:, None, :] * wq[..., None] - wqx.reshape(t, k_cols, d)
-    return jnp.stack([phi ** 2, jnp.sum(grad ** 2, -1)]), n * jnp.mean(charges ** 2, axis=0)
-
-
 # For singular kernels the largest of the targets' phi^2 and |grad phi|^2
 # are left out of the mean: a target beside a source (Yukawa(2)'s gradient
 # on a sphere) can carry a mean over a few hundred targets alone, far
@@ -217,21 +177,18 @@ def _kept(count: int, singular: bool) -> int:
     return max(1, count - int(TRIMMED * count * singular))
 
 
-def charge_moments(kernel, sources, charges, targets) -> tuple[float, float] | None:
+def charge_moments(kernel, phi, grad, charges) -> tuple[float, float] | None:
     """The moments `far_field_error` divides by, for these charges rather
-    than random ones: mean phi^2 and |grad phi|^2 over `targets` (a few
-    hundred of them; for singular kernels the largest TRIMMED of each
-    left out) over N mean q^2, the least over the charge columns (N, K)
-    that are not all zero; None where all are (float64 numpy; concrete
-    arrays)."""
-    squares, power = (np.asarray(v, np.float64)
-                      for v in charge_sums(kernel, sources, charges, targets))  # (2, T, K), (K,)
-    live = power > 0
+    than random ones: mean phi^2 and |grad phi|^2 over a few hundred
+    targets (their sums phi (T, K) and grad (T, K, d); for singular
+    kernels the largest TRIMMED of each left out) over N mean q^2
+    (charges (N, K)), the least over the columns that are not all zero;
+    None where all are (float64 numpy; concrete arrays)."""
+    log_m = np.asarray(log_moments(kernel, phi, grad, charges), np.float64)   # (2, K)
+    live = ~np.isposinf(log_m[0])
     if not live.any():
         return None
-    keep = _kept(squares.shape[1], kernel.singular)
-    means = np.mean(np.sort(squares, axis=1)[:, :keep], axis=1)    # (2, K)
-    return tuple(float(v) for v in np.min(means[:, live] / power[live], axis=1))
+    return tuple(float(v) for v in np.exp(np.min(log_m[:, live], axis=1)))
 
 
 def exact_moments(kernel, sources, targets, x: np.ndarray, y: np.ndarray, side: float,
@@ -445,7 +402,7 @@ class Guard(NamedTuple):
 
     def check(self, eps: float, side, log_moments):
         """(2, K) bool: whether the estimate for charges with these moments
-        (`log_output_moments`, (2, K)) keeps phi's (row 0) and grad phi's
+        (`log_moments`, (2, K)) keeps phi's (row 0) and grad phi's
         (row 1) errors within eps, or within what the order was chosen for
         (it may stand above eps where a traced call's order is capped by
         the worst-case rule). side: the tree's root side (jit-able)."""
@@ -474,30 +431,29 @@ class Guard(NamedTuple):
         return jnp.stack([ok_phi, ok_grad])
 
 
-def log_output_moments(kernel, phi, grad, charges):
-    """(2, K): logs of the moments `charge_moments` takes, from a sum's
-    own results (phi (M, K), grad (M, K, d) or None: then row 1 is 0)
-    at the strided targets and the charges (N, K); inf for a column of
-    zero charges (its sums are exact). In logs with each column scaled to its largest value,
-    so that no square underflows (jit-able)."""
-    def log_sum_squares(x, axis, keep=None):
+def log_moments(kernel, phi, grad, charges):
+    """(2, K): logs of the moments of `charge_moments`, from the sums phi
+    (T, K) and grad (T, K, d) (None: row 1 is 0) at a few hundred targets
+    of charges (N, K); inf for a column of zero charges (its sums are
+    exact). Each column scaled to its largest value first, so that no
+    square underflows (jit-able)."""
+    def log_sum_squares(x, keep=None):
         x = jnp.abs(x)
-        top = jnp.max(x, axis=axis, keepdims=True)
+        top = jnp.max(x, axis=0)
         top = jnp.where(top > 0, top, 1.0)
         sq = (x / top) ** 2
         if keep is not None:
-            sq = jnp.sort(sq, axis=axis)[:keep]
-        return jnp.log(jnp.sum(sq, axis=axis)) + 2 * jnp.log(jnp.squeeze(top, axis))
+            sq = jnp.sort(sq, axis=0)[:keep]
+        return jnp.log(jnp.sum(sq, axis=0)) + 2 * jnp.log(top)
 
-    phi = strided(phi, CHARGE_TARGETS)
     keep = _kept(phi.shape[0], kernel.singular)
-    power = log_sum_squares(charges, 0)
-    out = [log_sum_squares(phi, 0, keep) - jnp.log(keep) - power]
+    power = log_sum_squares(charges)
+    out = [log_sum_squares(phi, keep) - jnp.log(keep) - power]
     if grad is None:
         out.append(jnp.zeros_like(out[0]))
     else:
-        g = jnp.sqrt(jnp.sum(strided(grad, CHARGE_TARGETS) ** 2, axis=-1))
-        out.append(log_sum_squares(g, 0, keep) - jnp.log(keep) - power)
+        g = jnp.sqrt(jnp.sum(grad ** 2, axis=-1))
+        out.append(log_sum_squares(g, keep) - jnp.log(keep) - power)
     return jnp.where(jnp.isneginf(power), jnp.inf, jnp.stack(out))
 
 

@@ -112,6 +112,21 @@ def test_dense_coincidence_check(case, dist, rng, monkeypatch):
         assert (g1 <= g0).all()
 
 
+def test_dense_to_few_targets_splits_the_sources(rng, monkeypatch):
+    """Few targets sum groups of the sources side by side (forced at this
+    size: 8 groups, 1,001 sources padded with zero charges): the same sums
+    as a numpy direct sum, a target on a source included."""
+    monkeypatch.setattr(backend, "DENSE_GROUP_SOURCES", 64)
+    x, q = points("cluster", 1001, rng), charges(1001, rng, 2)
+    y = points("cluster", 24, rng)
+    y[5] = x[700]
+    assert backend._source_groups(24, 1001) == 8
+    phi, grad = backend.dense(kernels.Laplace3D(), jnp.asarray(y), jnp.asarray(x),
+                              jnp.asarray(q), True, "interpret")
+    ref, gref = reference(x, q, y)
+    assert rel(phi, ref) < 1e-13 and rel(grad, gref) < 1e-13
+
+
 def test_pair_outside_the_declared_range_is_not_silent(rng):
     """A pair at r = 0 outside the rows declared able to coincide gives a
     non-finite sum, not a silent 0 (the contract of `coincide`)."""
