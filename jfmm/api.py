@@ -207,7 +207,19 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                                      for x in (sources, charges, targets))
     # The same jax arrays as a checked earlier call: its plan, without checks.
     opts = (eps, leaf_size, order, family, gradient, tree)
-    charged = _charged(sources, targets, charges, kernel, mesh, *opts[:4], tree)
+    charged = _charged(sources, targets, charges, kernel, mesh, *opts[:4], tree, measure=False)
+    if charged is _UNMEASURED:
+        # New charges on the points of earlier calls: the last plan made for
+        # them, whose sums check these charges (`configure.checked`); only
+        # where they cancel more than its order allows are they measured.
+        latest = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, make=False,
+                             charged=_ANY)
+        if latest is not None:
+            try:
+                return latest.apply(charges, gradient)
+            except _configure.Unreachable:
+                pass
+        charged = _charged(sources, targets, charges, kernel, mesh, *opts[:4], tree)
     known = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, make=False,
                         charged=charged)
     if known is not None:
@@ -244,11 +256,15 @@ def _same_arrays(refs, arrays) -> bool:
 _CHARGED = []     # (charges, sources, targets weak references, options, moments), recent
 
 
-def _charged(sources, targets, charges, kernel, mesh, eps, leaf_size, order, family, tree):
+_UNMEASURED, _ANY = object(), object()
+
+
+def _charged(sources, targets, charges, kernel, mesh, eps, leaf_size, order, family, tree,
+             measure=True):
     """`configure.charged` for a call's charges, as given (None on a mesh,
     or where the points are not yet jax arrays of floats); remembered for
     the same jax arrays (immutable) and options, so that repeated calls do
-    not sum them again."""
+    not sum them again. measure=False: _UNMEASURED where it would sum them."""
     if (mesh is not None or not isinstance(sources, jax.Array)
             or not _configure.uses_charges(kernel, sources, targets, family, order, eps,
                                            leaf_size, tree)):
@@ -259,6 +275,8 @@ def _charged(sources, targets, charges, kernel, mesh, eps, leaf_size, order, fam
     for refs, opts, value in _CHARGED if held else ():
         if opts == options and _same_arrays(refs, arrays):
             return value
+    if not measure:
+        return _UNMEASURED
     try:
         q, _ = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
     except (ValueError, TypeError):     # `prepare` says what is wrong
@@ -278,8 +296,9 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
                 mesh=None, make=True, charged=None):
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
-    options (and moments of the charges, `configure.charged`), made on the
-    second (make=False: only one made before); None on the first or where
+    options and moments of the charges (`configure.charged`; _ANY: the
+    latest plan for any), made on the second call on these points
+    (make=False: only one made before); None on the first or where
     anything is traced."""
     values = _configure.kernel_key(kernel)
     pts = (sources,) if targets is None else (sources, targets)
@@ -288,19 +307,25 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
         return None
     options = (values, eps, leaf_size, order, family, gradient, tree, mesh, targets is None,
                charged)
+    seen = False                        # these points and options, other charges
     for i, (refs, opts, pl) in enumerate(_PLANS):
-        if opts == options and _same_arrays(refs, pts):
+        if opts[:-1] != options[:-1] or not _same_arrays(refs, pts):
+            continue
+        if charged is _ANY and pl is not None or opts == options:
             break
-    else:                               # first sight: remembered, no plan yet
-        if not make:
+        seen = True
+    else:
+        if not make or charged is _ANY:
             return None
-        _PLANS.insert(0, (tuple(map(weakref.ref, pts)), options, None))
+        refs, pl, i = tuple(map(weakref.ref, pts)), None, 0
+        _PLANS.insert(0, (refs, options, None))
         del _PLANS[4:]
-        return None
+        if not seen:                    # first sight: remembered, no plan yet
+            return None
     if pl is None and make:
         pl = _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree,
                    mesh, fixed=True, charged=charged)
-        _PLANS[i] = (refs, opts, pl)
+        _PLANS[i] = (refs, options, pl)
     return pl
 
 

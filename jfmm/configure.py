@@ -465,7 +465,7 @@ def _sampled(kernel, dim: int, order, family: str) -> bool:
 # Charges known when the configuration is made (eager `fmm` calls, `plan`
 # given charges) are summed directly at chebyshev.CHARGE_TARGETS strided
 # targets for the Chebyshev estimate's denominator
-# (`chebyshev.charge_moments`); the moments are rounded down to a power of
+# (`charge_moments`); the moments are rounded down to a power of
 # sqrt(2), so that repeated calls with like charges find their
 # configuration remembered.
 
@@ -492,16 +492,22 @@ def uses_charges(kernel, sources, targets, family, order, eps=None, leaf_size=No
                             order, leaf_size, family, tree))
 
 
-_target_sums = jax.jit(backend.dense, static_argnames=("gradient", "mode", "hessian"))
+def charge_moments(kernel, sources, q, targets=None):
+    """`chebyshev.least_moments` of charges q (N, K): their sums at
+    chebyshev.CHARGE_TARGETS strided targets (None: the sources) over
+    every source by the direct sum's kernel (`backend.dense`), in one
+    jitted call (op by op, the moments' few reductions cost a GPU several
+    ms of launches)."""
+    return chebyshev_model.least_moments(
+        _charge_log_moments(kernel, sources, q, sources if targets is None else targets,
+                            backend.current()))
 
 
-def charge_moments(kernel, sources, q, targets):
-    """`chebyshev.charge_moments` of charges q (N, K) at a few hundred
-    targets (T, d), their sums over every source by the direct sum's
-    kernel (`backend.dense`)."""
-    phi, grad = _target_sums(kernel, targets, sources, q, gradient=True,
-                             mode=backend.current())
-    return chebyshev_model.charge_moments(kernel, phi, grad, q)
+@functools.partial(jax.jit, static_argnames=("mode",))
+def _charge_log_moments(kernel, sources, q, targets, mode):
+    y = strided(targets, chebyshev_model.CHARGE_TARGETS)
+    phi, grad = backend.dense(kernel, y, sources, q, True, mode)
+    return chebyshev_model.log_moments(kernel, phi, grad, q)
 
 
 def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None,
@@ -520,8 +526,7 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
             or not uses_charges(kernel, sources, targets, family, order, eps, leaf_size,
                                 tree)):
         return None
-    y = strided(sources if targets is None else targets, chebyshev_model.CHARGE_TARGETS)
-    moments = charge_moments(known_kernel(kernel), sources, q, y)
+    moments = charge_moments(known_kernel(kernel), sources, q, targets)
     if moments is None or not all(np.isfinite(m) and m > 0 for m in moments):
         return None
     return tuple(float(2.0 ** (np.floor(2 * np.log2(m)) / 2)) for m in moments)

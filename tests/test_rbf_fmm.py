@@ -288,10 +288,11 @@ def test_charges_choose_the_order(kernel, dim, eps, rng):
     """Eager calls choose the Chebyshev order for their charges: charges
     with zero sum and first moments (RBF weights with a linear tail) on a
     sphere or circle, which cancel in phi's smoothest modes, are within
-    eps of a float64 numpy sum (a plan made without charges, the order jit
-    takes, measured 0.8-5.8 eps on such draws), and so are random charges,
-    at an order no higher than that plan's; a plan given the charges
-    takes the eager call's order."""
+    eps of a float64 numpy sum at an order no lower than a plan's made
+    without charges (the order jit takes, measured 0.8-5.8 eps on such
+    draws), and so are random charges; in 3D at an order no higher than
+    that plan's (in 2D, a random draw whose sum nearly cancels, phi's
+    dominant mode on a circle, may take one more)."""
     n = 8192
     x = points("sphere", n, rng, dim)
     moments = np.hstack([np.ones((n, 1)), x])
@@ -304,7 +305,7 @@ def test_charges_choose_the_order(kernel, dim, eps, rng):
         ref = radial_reference(kernel, x, c, gradient=False)[0]
         assert rel(phi, ref) <= eps
         order = jfmm.plan(jnp.asarray(x), charges=jnp.asarray(c), **opts).order
-        assert order >= static.order if higher else order <= static.order
+        assert order >= static.order if higher else order <= static.order + (dim == 2)
 
 
 def test_sums_check_their_charges(rng):
@@ -313,11 +314,13 @@ def test_sums_check_their_charges(rng):
     moments on a circle: 0.55-7.2 eps at that order, measured), its check
     of their own phi (`configure.checked`) raises eagerly and gives NaN
     under jit in their column, unless the sum is within eps; random
-    charges beside them in the same call stay within eps and finite."""
+    charges beside them in the same call stay within eps and finite (of
+    mixed sign, their sum far from 0: draws whose sum nearly cancels were
+    flagged about 1 in 200 times, at 0.29 eps)."""
     n, eps, kernel = 8192, 1e-7, K.Multiquadric(1.0)
     x = points("sphere", n, rng, 2)
     moments = np.hstack([np.ones((n, 1)), x])
-    q = charges(n, rng, 2)
+    q = charges(n, rng, 2) + 0.25
     free = q - moments @ np.linalg.lstsq(moments, q, rcond=None)[0]
     both = np.hstack([q[:, :1], free[:, :1]])
     ref = radial_reference(kernel, x, both, gradient=False)[0]
@@ -333,6 +336,22 @@ def test_sums_check_their_charges(rng):
         assert "cancel" in str(e) and "charges=" in str(e)
     else:
         assert rel(phi, radial_reference(kernel, x, free[:, 1], gradient=False)[0]) <= eps
+
+
+def test_eager_calls_with_new_charges(rng):
+    """Eager calls on the same points with a new charge array each time
+    take the last plan for those points where its sums' check passes the
+    new charges, and measure them where it does not: random, random,
+    moment-free, random charges on a circle, each within eps."""
+    n, eps, kernel = 8192, 1e-7, K.Multiquadric(1.0)
+    x = jnp.asarray(points("sphere", n, rng, 2))
+    moments = np.hstack([np.ones((n, 1)), np.asarray(x)])
+    q = charges(n, rng, 4)
+    q[:, 2] -= moments @ np.linalg.lstsq(moments, q[:, 2], rcond=None)[0]
+    ref = radial_reference(kernel, np.asarray(x), q, gradient=False)[0]
+    for j in range(4):
+        phi = jfmm.fmm(x, jnp.asarray(q[:, j]), kernel=kernel, eps=eps, leaf_size=32)
+        assert rel(phi, ref[:, j]) <= eps, j
 
 
 def test_cancelling_charges_in_float32_raise(rng):

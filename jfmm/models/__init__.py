@@ -39,7 +39,7 @@ class Points(NamedTuple):
     source-target pairs translated there} (`adaptive.pair_shares`), the
     kernel's moments over its points (`chebyshev.exact_moments`)); None: a
     uniform tree's; charged: the moments of the charges to be summed
-    (`chebyshev.charge_moments`), None where they are not known."""
+    (`configure.charge_moments`), None where they are not known."""
     n_src: int
     n_tgt: int
     n_points: int

@@ -177,14 +177,11 @@ def _kept(count: int, singular: bool) -> int:
     return max(1, count - int(TRIMMED * count * singular))
 
 
-def charge_moments(kernel, phi, grad, charges) -> tuple[float, float] | None:
-    """The moments `far_field_error` divides by, for these charges rather
-    than random ones: mean phi^2 and |grad phi|^2 over a few hundred
-    targets (their sums phi (T, K) and grad (T, K, d); for singular
-    kernels the largest TRIMMED of each left out) over N mean q^2
-    (charges (N, K)), the least over the columns that are not all zero;
-    None where all are (float64 numpy; concrete arrays)."""
-    log_m = np.asarray(log_moments(kernel, phi, grad, charges), np.float64)   # (2, K)
+def least_moments(log_moments) -> tuple[float, float] | None:
+    """The moments `far_field_error` divides by, for charges rather than
+    random ones, from their `log_moments` (2, K): the least over the
+    columns that are not all zero; None where all are (floats)."""
+    log_m = np.asarray(log_moments, np.float64)
     live = ~np.isposinf(log_m[0])
     if not live.any():
         return None
@@ -309,7 +306,7 @@ RULES = {2: dict(error_scale=2.5, error_rate=0.215, min_order=4, max_order=18,
                  max_estimated=12, phi_ratio=0.4, gradient_ratio=0.08)}
 RATIO_POINTS = 8000
 # Where the charges are known (eager calls, plans given charges) the
-# estimate divides by their own phi (`charge_moments`): no quantile over
+# estimate divides by their own phi (`log_moments`): no quantile over
 # draws, and charges that cancel by construction (zero sum and first
 # moments: an RBF interpolant's weights) raise the estimate as much as
 # their error, since the far field's error, of high degree in the
@@ -369,7 +366,7 @@ class Guard(NamedTuple):
     """The error estimate of a chosen order, kept for a check of the
     charges it sums (`check`): where they cancel more than those it was
     chosen for (unknown charges: random ones), the estimate with their own
-    moments (`charge_moments`, CHARGE_RATIOS) may exceed eps. Per root box
+    moments (`log_moments`, CHARGE_RATIOS) may exceed eps. Per root box
     side (one for concrete points; _TRACED_SIDES for traced ones, between
     which the check interpolates in log side), in logs: num (phi, grad),
     the estimate times sqrt of the moments it divides by; accepted, the
@@ -432,10 +429,12 @@ class Guard(NamedTuple):
 
 
 def log_moments(kernel, phi, grad, charges):
-    """(2, K): logs of the moments of `charge_moments`, from the sums phi
-    (T, K) and grad (T, K, d) (None: row 1 is 0) at a few hundred targets
-    of charges (N, K); inf for a column of zero charges (its sums are
-    exact). Each column scaled to its largest value first, so that no
+    """(2, K): logs of the moments the estimate divides by for charges (N,
+    K) rather than random ones, per column: mean phi^2 and |grad phi|^2
+    over a few hundred targets (the sums there, phi (T, K) and grad (T, K,
+    d); None: row 1 is 0; for singular kernels the largest TRIMMED of each
+    left out) over N mean q^2; inf for a column of zero charges (its sums
+    are exact). Each column scaled to its largest value first, so that no
     square underflows (jit-able)."""
     def log_sum_squares(x, keep=None):
         x = jnp.abs(x)
@@ -537,7 +536,7 @@ class Rule:
         shares: an adaptive tree's (`far_field_error`; concrete points
         only), which then stands for depth_of; moments: `exact_moments`
         where the caller has them (else `pair_moments` of the pairs);
-        charged: `charge_moments` of the charges to be summed (concrete
+        charged: `least_moments` of the charges to be summed (concrete
         points only), which then stand for the moments, with
         CHARGE_RATIOS, and scale float32's rounding error (`ROUNDING_ERROR`
         is relative to phi of random charges: charges that cancel leave
