@@ -84,7 +84,7 @@ def _without_charges(static, q, idx, ref_phi, ref_grad, grad_on) -> dict:
     these columns: its sums' worst error without the check of the charges
     (`configure.checked`), how many columns the check flags (NaN), and the
     worst error of those it passes."""
-    bare = dataclasses.replace(static, config=dataclasses.replace(static.config, guard=None))
+    bare = dataclasses.replace(static, check=None)
     unchecked = _errors(bare, q, idx, ref_phi, ref_grad, grad_on)
     checked = _errors(static, q, idx, ref_phi, ref_grad, grad_on)
     passed = checked[~np.isnan(checked)]

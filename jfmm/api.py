@@ -52,8 +52,9 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
 
 # ------------------------------------------------------------------ fmm
 
-def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
-    """Build the tree and bind the FMM primitive (`_bind`).
+def _fmm_eval(sources, charges, targets, kernel, check, config, gradient, mode):
+    """Build the tree and bind the FMM primitive (`_bind`; config static,
+    `Config.static`, and check its `Config.check_arrays`).
     A configuration with a fallback (traced points, `Config.fallback`)
     sums with it where its own does not fit the points
     (`configure.series_fit`)."""
@@ -61,19 +62,18 @@ def _fmm_eval(sources, charges, targets, kernel, config, gradient, mode):
         run = functools.partial(_fmm_eval, sources, charges, targets, kernel,
                                 gradient=gradient, mode=mode)
         return jax.lax.cond(_configure.series_fit(config, kernel, sources, targets),
-                            lambda: run(dataclasses.replace(config, fallback=None)),
-                            lambda: run(config.fallback))
+                            lambda: run(check, dataclasses.replace(config, fallback=None)),
+                            lambda: run(None, config.fallback))
     tree = _tree.build(sources, targets, config.depth)
-    return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config,
+    return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config, check,
                  gradient, mode)
 
 
-def _bind(tree, ops, kernel, charges, config, gradient, mode):
+def _bind(tree, ops, kernel, charges, config, check, gradient, mode):
     """phi (M, K), grad (M, K, d) or None, and whether they pass the
-    configuration's check of the charges (`configure.checked`: NaN where
-    they do not)."""
+    check of the charges (`configure.checked`: NaN where they do not)."""
     outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), config, mode)
-    return _configure.checked(config, kernel, tree.side, charges, outs[0],
+    return _configure.checked(config, check, kernel, tree.side, charges, outs[0],
                               outs[1] if gradient else None)
 
 
@@ -241,8 +241,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         pl = _new_plan(sources, targets, kernel, config, order, charged)
         phi, grad, ok = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
     else:
-        phi, grad, ok = _call(_fmm_jits, sources, q, targets, kernel, config=config,
-                              gradient=gradient, mode=backend.current())
+        phi, grad, ok = _call(_fmm_jits, sources, q, targets, kernel, config.check_arrays,
+                              config=config.static, gradient=gradient,
+                              mode=backend.current())
     _configure.raise_unchecked(ok, config)
     return _inputs.finish(phi, grad, layout, gradient)
 
@@ -332,7 +333,7 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
 # ------------------------------------------------------------------ plan
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["tree", "kernel", "ops"],
+                   data_fields=["tree", "kernel", "ops", "check"],
                    meta_fields=["config"])
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -341,7 +342,9 @@ class Plan:
     Static (changing them recompiles): the configuration (family, order,
     depth, eps, tree kind: `jfmm.configure.Config`) and the tree's static
     sizes (dim; an adaptive tree's leaf size and capacities).
-    Arrays: the tree, the kernel's parameters, the translation operators.
+    Arrays: the tree, the kernel's parameters, the translation operators,
+    and the values of the check of the charges (`configure.checked`; None
+    for families without one).
 
     overflow: whether the tree's points need more room than it was sized
     for: never for a uniform tree; an adaptive one sets it when
@@ -356,6 +359,7 @@ class Plan:
     kernel: _kernels.Kernel
     ops: object
     config: Config
+    check: object = None
 
     order = property(lambda self: self.config.order)
     eps = property(lambda self: self.config.eps)
@@ -423,8 +427,8 @@ def _apply(plan_, charges, gradient, mode):
     plan costs about a direct sum's)."""
     q, layout = _inputs.charges_of(charges, plan_.tree.src_perm.shape[0],
                                    plan_.tree.src_sorted.dtype)
-    phi, grad, ok = _bind(plan_.tree, plan_.ops, plan_.kernel, q, plan_.config, gradient,
-                          mode)
+    phi, grad, ok = _bind(plan_.tree, plan_.ops, plan_.kernel, q, plan_.config, plan_.check,
+                          gradient, mode)
     return (*_inputs.finish(phi, grad, layout, True), ok)
 
 
@@ -444,7 +448,8 @@ def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None
         config = _configure.on_tree(config, tree, kernel, sources, targets, order, charged)
     else:
         tree = _build_jit(sources, targets, config.depth)
-    return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config)
+    return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config.static,
+                config.check_arrays)
 
 
 def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_size=None,

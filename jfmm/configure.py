@@ -97,9 +97,10 @@ class Config:
     plan's points that break it give NaN); fallback: for traced points
     with a reach, the configuration (the direct sum) for points whose
     leaves come out smaller than the reach (`jfmm.api` chooses at run
-    time, `series_fit`); guard: the Chebyshev estimate at this order, with
-    which the sums check their own charges (`models.chebyshev.Guard`;
-    None for other families and a caller's order)."""
+    time, `series_fit`); check: the Chebyshev estimate at this order, with
+    which the sums check their own charges (`models.chebyshev.ChargeCheck`;
+    None for other families and a caller's order; jitted sums take it as
+    arrays beside `static`)."""
     family: object
     order: int
     depth: int
@@ -110,12 +111,25 @@ class Config:
     mesh: object = None
     reach: float = 0.0
     fallback: Config | None = None
-    guard: object = None
+    check: object = None
 
     def with_mesh(self, mesh) -> Config:
         """This configuration (and its fallback) on `mesh`."""
         fallback = None if self.fallback is None else self.fallback.with_mesh(mesh)
         return dataclasses.replace(self, mesh=mesh, fallback=fallback)
+
+    @property
+    def static(self) -> Config:
+        """This configuration without its check's values (and its
+        fallback's): the static argument of jit, shared by configurations
+        that differ in them alone."""
+        fallback = None if self.fallback is None else self.fallback.static
+        return dataclasses.replace(self, check=None, fallback=fallback)
+
+    @property
+    def check_arrays(self):
+        """The check (`ChargeCheck`) as arrays, or None."""
+        return None if self.check is None else self.check.arrays()
 
     @property
     def name(self) -> str:
@@ -285,7 +299,7 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None,
                     sample, (side, levels, moments), charged)
     choice = chebyshev_model.choose(kernel, config.eps, sources.dtype, points, None,
                                     config.gradient)
-    return dataclasses.replace(config, order=choice.order, guard=choice.guard)
+    return dataclasses.replace(config, order=choice.order, check=choice.check)
 
 
 def _check_family(family) -> str:
@@ -380,7 +394,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
         return Config(None, choice.order, choice.depth, eps)
     if gauss is not None:
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
-    return Config(fam, choice.order, choice.depth, eps, gradient, guard=choice.guard)
+    return Config(fam, choice.order, choice.depth, eps, gradient, check=choice.check)
 
 
 # A kernel that is 1/r beyond a core has the series' far field but sums
@@ -429,7 +443,7 @@ def _core_config(kernel, eps: float, order, gradient: bool, sources, targets,
     if order is None and eps * ratio < laplace3d_model.EPS_FLOOR[jnp.dtype(dtype).name]:
         choice = chebyshev_model.choose(kernel, eps, dtype, points, None, gradient)
         return Config(chebyshev_family(dim), choice.order, choice.depth, eps, gradient,
-                      guard=choice.guard)
+                      check=choice.check)
     choice = laplace3d_model.choose(kernel, eps * ratio, dtype, points, order, gradient)
     depth = choice.depth
     if not known:
@@ -532,21 +546,22 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
     return tuple(float(2.0 ** (np.floor(2 * np.log2(m)) / 2)) for m in moments)
 
 
-def checked(config: Config, kernel, side, charges, phi, grad=None):
-    """The sums of a configuration with a guard (`Config.guard`), checked
-    against their own charges: (phi, grad, ok). Columns whose estimated
-    error with these charges' moments (taken from the sums themselves,
-    `chebyshev.log_moments`) exceeds eps, and what the order was
-    chosen for, are NaN; ok: a bool array, whether none is (True without a
-    guard). charges (N, K), phi (M, K), grad (M, K, d) or None; side: the
-    tree's root side. jit-able; no gradient flows through the check."""
+def checked(config: Config, check, kernel, side, charges, phi, grad=None):
+    """Sums checked against their own charges: (phi, grad, ok). check: the
+    configuration's `ChargeCheck` as arrays (`Config.check_arrays`), or
+    None. Columns whose estimated error with these charges' moments (taken
+    from the sums themselves, `chebyshev.log_moments`) exceeds eps, and
+    what the order was chosen for, are NaN; ok: a bool array, whether none
+    is (True without a check). charges (N, K), phi (M, K), grad (M, K, d)
+    or None; side: the tree's root side. jit-able; no gradient flows
+    through the check."""
     ok = jnp.ones((), bool)
-    if config.guard is None:
+    if check is None:
         return phi, grad, ok
     few = functools.partial(strided, count=chebyshev_model.CHARGE_TARGETS)
     log_m = chebyshev_model.log_moments(
         kernel, *jax.lax.stop_gradient((few(phi), None if grad is None else few(grad), charges)))
-    good = config.guard.check(config.eps, jax.lax.stop_gradient(side), log_m)
+    good = check.passes(config.eps, jax.lax.stop_gradient(side), log_m)
     good = good | jnp.isnan(log_m)               # NaN charges or points: NaN already
     phi = jnp.where(good[0], phi, jnp.nan)
     if grad is not None:

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import DISTRIBUTIONS, charges, points, reference, rel
+from conftest import DISTRIBUTIONS, charges, points, radial_reference, reference, rel
 
 import jfmm
 from jfmm import configure, kernels, passes
@@ -165,6 +165,23 @@ def test_eager_calls_do_not_recompile(rng):
     size = lambda: sum(f._cache_size() for f in jfmm.api._fmm_jits)   # noqa: E731
     before = size()
     jfmm.fmm(points("cube", 900, rng), charges(900, rng), eps=1e-5)
+    assert size() == before
+
+
+def test_plans_that_differ_in_their_charge_check_alone_share_a_compilation(rng):
+    """The values of a Chebyshev plan's check of its charges depend on its
+    points; they travel as arrays, so plans of new points at the same
+    order compile once."""
+    kernel = kernels.Multiquadric(1.0)
+    x1, x2 = points("cube", 900, rng), points("cube", 900, rng)
+    p1, p2 = (jfmm.plan(x, kernel=kernel, eps=1e-6, leaf_size=16) for x in (x1, x2))
+    assert p1.config == p2.config and p1.check is not None
+    assert not np.array_equal(p1.check.log_num, p2.check.log_num)
+    q = charges(900, rng) + 0.25        # mixed sign, not near a cancelling sum
+    p1.apply(q)
+    size = lambda: sum(f._cache_size() for f in jfmm.api._apply_jits)   # noqa: E731
+    before = size()
+    assert rel(p2.apply(q), radial_reference(kernel, x2, q, gradient=False)[0]) <= 1e-6
     assert size() == before
 
 

@@ -52,11 +52,11 @@ class Points(NamedTuple):
 
 class Choice(NamedTuple):
     """A family's order and tree depth (for the fast Gauss transform, its
-    grid level); guard: the Chebyshev estimate kept for a check of the
-    charges summed (`chebyshev.Guard`), None elsewhere."""
+    grid level); check: the Chebyshev estimate kept for the sums' check
+    of their charges (`chebyshev.ChargeCheck`), None elsewhere."""
     order: int
     depth: int
-    guard: object = None
+    check: object = None
 
 
 def strided(points, count: int = 256):

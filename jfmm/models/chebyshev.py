@@ -362,7 +362,7 @@ def gradient_rounding(dim: int, n: int, depth: int, side: float, moments) -> flo
 _LOG_ZERO = -1000.0
 
 
-class Guard(NamedTuple):
+class ChargeCheck(NamedTuple):
     """The error estimate of a chosen order, kept for a check of the
     charges it sums (`check`): where they cancel more than those it was
     chosen for (unknown charges: random ones), the estimate with their own
@@ -373,7 +373,9 @@ class Guard(NamedTuple):
     estimate the order was chosen with (for the charges assumed); static,
     phi's moment of random charges, which float32's rounding error
     (`rounding`) is relative to; noise: float32 gradients' rounding
-    (`gradient_rounding`). Floats only: part of a hashable `Config`."""
+    (`gradient_rounding`). Floats in a `Config` (hashable); the sums take
+    it as arrays (a pytree: `arrays`), so that its values are no static
+    argument of jit."""
     log_sides: tuple
     log_num: tuple          # (sides,) of (phi, grad)
     log_accepted: tuple     # (sides,) of (phi, grad)
@@ -382,7 +384,8 @@ class Guard(NamedTuple):
     noise: float
 
     @classmethod
-    def of(cls, sides, err, moments, static, ratios, ratio_charged, rounding, noise) -> Guard:
+    def of(cls, sides, err, moments, static, ratios, ratio_charged, rounding,
+           noise) -> ChargeCheck:
         """err (sides, 2): estimates at the chosen order, for the moments
         (sides of (phi, grad)) with the ratios they were chosen with;
         static: random charges' moments per side."""
@@ -397,7 +400,11 @@ class Guard(NamedTuple):
                    tuple(max(float(v), _LOG_ZERO) for v in static), float(rounding),
                    float(noise))
 
-    def check(self, eps: float, side, log_moments):
+    def arrays(self) -> ChargeCheck:
+        """The same check with arrays for fields."""
+        return ChargeCheck(*(jnp.asarray(v) for v in self))
+
+    def passes(self, eps: float, side, log_moments):
         """(2, K) bool: whether the estimate for charges with these moments
         (`log_moments`, (2, K)) keeps phi's (row 0) and grad phi's
         (row 1) errors within eps, or within what the order was chosen for
@@ -418,10 +425,10 @@ class Guard(NamedTuple):
         # no far field (num at the floor): no error, whatever the moments
         pred = jnp.where(num > _LOG_ZERO, jnp.exp(num - 0.5 * log_m), 0.0)  # (2, K)
         accepted = jnp.exp(at(self.log_accepted))                            # (2,)
-        budget = eps
-        if self.rounding:       # grows by the charges' cancellation against random ones'
-            cancel = jnp.exp(0.5 * (log_m[0] - at(self.log_static)))
-            budget = eps - self.rounding / jnp.minimum(1.0, cancel)
+        # float32's rounding grows by the charges' cancellation against random ones'
+        cancel = jnp.exp(0.5 * (log_m[0] - at(self.log_static)))
+        budget = jnp.where(self.rounding > 0, eps - self.rounding / jnp.minimum(1.0, cancel),
+                           eps)
         ok_phi = pred[0] <= jnp.maximum(budget, accepted[0])
         ok_grad = (jnp.hypot(pred[1], self.noise)
                    <= jnp.maximum(budget, jnp.hypot(accepted[1], self.noise)))
@@ -523,7 +530,7 @@ class Rule:
 
     def order_for(self, eps: float, dtype, kernel, depth_of, root_side=None,
                   pairs=None, gradient: bool = True, count: int = 1, shares=None,
-                  moments=None, charged=None) -> tuple[int, int | None, Guard]:
+                  moments=None, charged=None) -> tuple[int, int | None, ChargeCheck]:
         """n for a relative L2 error eps from `far_field_error`: the
         smallest n whose estimates, phi_ratio err phi and (gradient)
         gradient_ratio err grad, are <= eps less the dtype's rounding error.
@@ -541,9 +548,10 @@ class Rule:
         CHARGE_RATIOS, and scale float32's rounding error (`ROUNDING_ERROR`
         is relative to phi of random charges: charges that cancel leave
         it larger against their phi).
-        Returns (n, depth, guard): depth None where the tree's stands, else
+        Returns (n, depth, check): depth None where the tree's stands, else
         the uniform tree's depth for float32 gradients (`gradient_rounding`);
-        guard: the estimate at n, to check the charges summed (`Guard`).
+        check: the estimate at n, for the sums' check of their charges
+        (`ChargeCheck`).
         ValueError if no n reaches eps, or eps is below the dtype's
         ROUNDING_FLOOR.
         """
@@ -602,9 +610,10 @@ class Rule:
                 return per_side[depth]
 
             def chosen(n, depth, fewer, noise):
-                guard = Guard.of(sides, estimates(fewer)[:, :, n], moments, static, ratios,
-                                 ratio_charged, rounding_error, noise)
-                return n, (None if fewer == depth else fewer), guard
+                check = ChargeCheck.of(sides, estimates(fewer)[:, :, n], moments, static,
+                                       ratios, ratio_charged,
+                                       ROUNDING_ERROR[jnp.dtype(dtype).name], noise)
+                return n, (None if fewer == depth else fewer), check
 
             for n in self.ESTIMATED_ORDERS:
                 depth = fewer = depth_of(n) if shares is None else None
@@ -666,11 +675,11 @@ def choose(kernel, eps: float, dtype, points: Points, order: int | None = None,
         shares = moments = None
         if points.shares is not None:       # an adaptive tree's root, shares and moments
             side, shares, moments = points.shares
-        n, depth, guard = r.order_for(eps, dtype, kernel,
+        n, depth, check = r.order_for(eps, dtype, kernel,
                                       lambda k: depth_for(points, r.leaf_size(k)), side, pairs,
                                       gradient, max(points.n_src, points.n_tgt), shares,
                                       moments, points.charged)
-        return Choice(n, depth_for(points, r.leaf_size(n)) if depth is None else depth, guard)
+        return Choice(n, depth_for(points, r.leaf_size(n)) if depth is None else depth, check)
     elif n is None:
         try:
             n = r.order(eps, dtype)

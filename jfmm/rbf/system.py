@@ -64,7 +64,7 @@ def pair_sum(sources, targets, kernel, eps: float, order: int | None = None) -> 
                         family="chebyshev", order=order)
         # Krylov vectors cancel as they will: the solve's residual, not the
         # plan's check of the charges (`configure.checked`), judges them.
-        plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, guard=None))
+        plan = dataclasses.replace(plan, check=None)
     return PairSum(plan, sources, targets, kernel)
 
 
