@@ -127,7 +127,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     charge arrays). Random charges then take lower orders than for unknown
     charges, cancelling ones the higher orders they need (measured within
     eps on such charges at 8,192 and 2^20 points, where the order for
-    unknown charges erred up to 10 eps), and in float32, whose rounding is
+    unknown charges erred up to 17 eps), and in float32, whose rounding is
     relative to the terms summed, cancelling charges raise where rounding
     alone would exceed eps (use float64). Inside jit, under vmap or grad
     with respect to the charges, and in plans made without `charges=`, the
@@ -136,8 +136,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     grad phi at the same 256 targets, the error estimate with these
     charges; a charge column whose estimate exceeds eps (and what the
     order was chosen for) comes back NaN under jit and raises `Unreachable`
-    eagerly (moment-free charges, which erred up to 7 eps at such orders,
-    are flagged or within eps). Make the plan with `charges=` like those to
+    eagerly (moment-free charges, which erred up to 17 eps at such orders,
+    were flagged or within eps). Make the plan with `charges=` like those to
     be summed, or ask for a smaller eps, to keep them. Laplace's series and
     the fast Gauss transform measured within eps on both kinds.
 

@@ -364,7 +364,7 @@ _LOG_ZERO = -1000.0
 
 class ChargeCheck(NamedTuple):
     """The error estimate of a chosen order, kept for a check of the
-    charges it sums (`check`): where they cancel more than those it was
+    charges it sums (`passes`): where they cancel more than those it was
     chosen for (unknown charges: random ones), the estimate with their own
     moments (`log_moments`, CHARGE_RATIOS) may exceed eps. Per root box
     side (one for concrete points; _TRACED_SIDES for traced ones, between
@@ -563,7 +563,8 @@ class Rule:
         ratio = (self.phi_ratio, self.gradient_ratio) if charged is None else \
             CHARGE_RATIOS[self.dim]
         ratios = few * ratio[0], few * ratio[1] * gradient
-        ratio_charged = few * CHARGE_RATIOS[self.dim][0], few * CHARGE_RATIOS[self.dim][1] * gradient
+        charge_ratio = CHARGE_RATIOS[self.dim]
+        ratio_charged = few * charge_ratio[0], few * charge_ratio[1] * gradient
         if root_side is None:
             # The worst over box sizes; no more than the worst-case rule's n.
             try:
