@@ -71,7 +71,8 @@ def _fmm_eval(sources, charges, targets, kernel, check, config, gradient, mode):
 
 def _bind(tree, ops, kernel, charges, config, check, gradient, mode):
     """phi (M, K), grad (M, K, d) or None, and whether they pass the
-    check of the charges (`configure.checked`: NaN where they do not)."""
+    check of the charges (`configure.checked`: NaN where they do not;
+    None without a check)."""
     outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), config, mode)
     return _configure.checked(config, check, kernel, tree.side, charges, outs[0],
                               outs[1] if gradient else None)

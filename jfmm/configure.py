@@ -552,12 +552,11 @@ def checked(config: Config, check, kernel, side, charges, phi, grad=None):
     None. Columns whose estimated error with these charges' moments (taken
     from the sums themselves, `chebyshev.log_moments`) exceeds eps, and
     what the order was chosen for, are NaN; ok: a bool array, whether none
-    is (True without a check). charges (N, K), phi (M, K), grad (M, K, d)
-    or None; side: the tree's root side. jit-able; no gradient flows
-    through the check."""
-    ok = jnp.ones((), bool)
+    is (None without a check: nothing for an eager call to wait for).
+    charges (N, K), phi (M, K), grad (M, K, d) or None; side: the tree's
+    root side. jit-able; no gradient flows through the check."""
     if check is None:
-        return phi, grad, ok
+        return phi, grad, None
     few = functools.partial(strided, count=chebyshev_model.CHARGE_TARGETS)
     log_m = chebyshev_model.log_moments(
         kernel, *jax.lax.stop_gradient((few(phi), None if grad is None else few(grad), charges)))
@@ -572,7 +571,7 @@ def checked(config: Config, check, kernel, side, charges, phi, grad=None):
 def raise_unchecked(ok, config: Config):
     """Raise Unreachable where eager sums failed their check (`checked`);
     under jit they are NaN."""
-    if concrete(ok) and not bool(ok):
+    if ok is not None and concrete(ok) and not bool(ok):
         raise Unreachable(
             f"eps={config.eps:g} is not met for these charges at the order chosen "
             f"(n = {config.order}): they cancel in phi more than the charges it was "
