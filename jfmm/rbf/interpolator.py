@@ -13,8 +13,9 @@ import numpy as np
 from jfmm import api, kernels
 from jfmm._compat import Tracer
 from jfmm.models import Unreachable
+from jfmm.ops import backend
 from jfmm.models.chebyshev import ROUNDING_FLOOR
-from jfmm.rbf import nystrom, polynomial, system
+from jfmm.rbf import local, nystrom, polynomial, system
 
 # Below this many data points the system is solved densely, as scipy does.
 DENSE_MAX = 4096
@@ -76,6 +77,57 @@ class Static(NamedTuple):
     fmm_eps: float
     order: int | None
     settings: system.Settings | None
+    dim: int
+    neighbors: int | None
+
+
+def _lift(x):
+    """Points on a line as points of the plane (distances unchanged), so
+    that 1-D data take the 2D sums: (n, 1) -> (n, 2); others unchanged."""
+    if x.shape[1] != 1:
+        return x
+    return jnp.concatenate([x, jnp.zeros_like(x)], axis=1)
+
+
+def _lift_powers(exponents: np.ndarray) -> np.ndarray:
+    """Monomial exponents of 1-D points for their lifted copies (the
+    second axis to the power 0): (R, 1) -> (R, 2); others unchanged."""
+    if exponents.shape[1] != 1:
+        return exponents
+    return np.concatenate([exponents, np.zeros_like(exponents)], axis=1)
+
+
+def _degree(degree, kernel: str, min_degree: int) -> int:
+    """scipy's rule: the kernel's minimum degree (at least 0) by default;
+    -1 or at least the minimum, else a warning."""
+    if degree is None:
+        return max(min_degree, 0)
+    degree = int(degree)
+    if degree < -1:
+        raise ValueError("`degree` must be at least -1.")
+    if -1 < degree < min_degree:
+        warnings.warn(f"`degree` should not be below {min_degree} except -1 when "
+                      f"`kernel` is '{kernel}'. The interpolant may not be uniquely "
+                      f"solvable, and the smoothing parameter may have an "
+                      f"unintuitive effect.", UserWarning, stacklevel=3)
+    return degree
+
+
+def _hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, fmm_eps: float,
+               settings, chosen: bool):
+    """The Krylov solve's levels, and the FMM eps they were built for."""
+    while True:
+        try:
+            return system.hierarchy(y, points, smoothing, kernel, exponents, fmm_eps,
+                                    settings), fmm_eps
+        except Unreachable as e:
+            # The default below what the FMM reaches on these points (flat
+            # kernels, little smoothing): its best, with a margin for new
+            # evaluation points; the solve's convergence check says whether
+            # that suffices.
+            if not chosen or e.reachable is None or 1.5 * e.reachable <= fmm_eps:
+                raise
+            fmm_eps = 1.5 * e.reachable
 
 
 def _default_tol(dtype, condition: float | None = None) -> float:
@@ -185,14 +237,6 @@ class RBFInterpolator:
     def __init__(self, y, d, neighbors=None, smoothing=0.0, kernel="thin_plate_spline",
                  epsilon=None, degree=None, *, tol=None, maxiter=300, fmm_eps=None,
                  method="auto", preconditioner="auto", rank=None):
-        if neighbors is not None:
-            raise NotImplementedError(
-                "neighbors (local interpolation from the nearest data points) is not "
-                "implemented: jfmm solves the global interpolant with FMM sums at any N; "
-                "pass neighbors=None")
-        if not isinstance(kernel, str) or kernel.lower() not in KERNELS:
-            raise ValueError(f"`kernel` must be one of {set(KERNELS)}.")
-        kernel = kernel.lower()
         if isinstance(y, Tracer):
             raise TypeError("y must be concrete (the trees are built from its values); "
                             "differentiate with respect to d, epsilon and smoothing through "
@@ -201,8 +245,6 @@ class RBFInterpolator:
         if y_np.ndim != 2:
             raise ValueError("`y` must be a 2-dimensional array.")
         n, dim = y_np.shape
-        if dim not in (2, 3):
-            raise ValueError(f"y must have 2 or 3 columns (2D or 3D points), got {dim}")
         if not np.all(np.isfinite(y_np)):
             raise ValueError("y contains NaN or inf coordinates")
         d = jnp.asarray(d)
@@ -217,6 +259,9 @@ class RBFInterpolator:
             smoothing = jnp.full((n,), smoothing, dtype)
         elif smoothing.shape != (n,):
             raise ValueError(f"Expected `smoothing` to be a scalar or have shape ({n},).")
+        if not isinstance(kernel, str) or kernel.lower() not in KERNELS:
+            raise ValueError(f"`kernel` must be one of {set(KERNELS)}.")
+        kernel = kernel.lower()
         _, scaled, min_degree = KERNELS[kernel]
         if epsilon is None:
             if scaled:
@@ -228,34 +273,33 @@ class RBFInterpolator:
                             "chosen from it); to differentiate with respect to epsilon, "
                             "construct with a concrete value and call `fit(epsilon=...)`")
         epsilon = float(epsilon)
-        if degree is None:
-            degree = max(min_degree, 0)
-        else:
-            degree = int(degree)
-            if degree < -1:
-                raise ValueError("`degree` must be at least -1.")
-            if -1 < degree < min_degree:
-                warnings.warn(f"`degree` should not be below {min_degree} except -1 when "
-                              f"`kernel` is '{kernel}'. The interpolant may not be uniquely "
-                              f"solvable, and the smoothing parameter may have an "
-                              f"unintuitive effect.", UserWarning, stacklevel=2)
+        degree = _degree(degree, kernel, min_degree)
+        if neighbors is not None:
+            neighbors = int(min(neighbors, n))
         exponents = polynomial.powers(dim, degree)
-        if exponents.shape[0] > n:
+        if exponents.shape[0] > (n if neighbors is None else neighbors):
             raise ValueError(f"At least {exponents.shape[0]} data points are required when "
                              f"`degree` is {degree} and the number of dimensions is {dim}.")
         if method == "auto":
             method = "dense" if n <= DENSE_MAX else "krylov"
-        if method not in ("dense", "krylov"):
+        if neighbors is not None and neighbors < n:
+            method = "local"
+        if method not in ("dense", "krylov", "local"):
             raise ValueError(f"method must be 'auto', 'dense' or 'krylov', got {method!r}")
+        if method == "krylov" and dim > 3:
+            raise ValueError(f"above {DENSE_MAX} data points (the Krylov solve over FMM "
+                             f"sums) y must have 1, 2 or 3 columns, got {dim}; pass "
+                             "neighbors= for local interpolation in more dimensions")
         if preconditioner not in ("auto", "schwarz", "nystrom"):
             raise ValueError("preconditioner must be 'auto', 'schwarz' or 'nystrom', got "
                              f"{preconditioner!r}")
-        points = jnp.asarray(y_np, dtype)
+        sites = _lift(jnp.asarray(y_np, dtype))
+        lifted = _lift_powers(exponents)
         k = kernel_for(kernel, epsilon)
         largest = None
         if method == "krylov":
             preconditioner, rank, largest = _preconditioner(preconditioner, rank, kernel,
-                                                            points, smoothing, k)
+                                                            sites, smoothing, k)
         condition = largest / float(jnp.min(smoothing)) if largest else None
         tol = _default_tol(dtype, condition) if tol is None else float(tol)
         floor = ROUNDING_FLOOR[jnp.dtype(dtype).name]          # the Chebyshev family's
@@ -270,33 +314,23 @@ class RBFInterpolator:
         if not (tol > 0 and fmm_eps > 0 and int(maxiter) >= 1):
             raise ValueError("tol and fmm_eps must be > 0 and maxiter >= 1")
 
-        shift, scale = polynomial.shift_and_scale(y_np.astype(np.float64))
+        shift, scale = polynomial.shift_and_scale(np.asarray(sites, np.float64))
         settings = levels = None
         order = None
         if method == "krylov":
             settings = system.Settings(tol=tol, maxiter=int(maxiter),
                                        preconditioner=preconditioner, rank=rank, seed=0)
-            while True:
-                try:
-                    levels = system.hierarchy(y_np.astype(np.float64), points,
-                                              smoothing, k, exponents, fmm_eps, settings)
-                    break
-                except Unreachable as e:
-                    # The default below what the FMM reaches on these points
-                    # (flat kernels, little smoothing): its best, with a
-                    # margin for new evaluation points; the solve's
-                    # convergence check says whether that suffices.
-                    if not chosen or e.reachable is None or 1.5 * e.reachable <= fmm_eps:
-                        raise
-                    fmm_eps = 1.5 * e.reachable
+            levels, fmm_eps = _hierarchy(np.asarray(sites, np.float64), sites, smoothing, k,
+                                         lifted, fmm_eps, settings, chosen)
             own = levels[0].own
             order = None if own.plan is None else own.plan.order
-        elif n * n > system.DIRECT_PAIRS:
-            order = api.plan(points, kernel=k, eps=fmm_eps, family="chebyshev").order
+        elif method == "dense" and sites.shape[1] in (2, 3) and n * n > system.DIRECT_PAIRS:
+            order = api.plan(sites, kernel=k, eps=fmm_eps, family="chebyshev").order
         is_complex = bool(jnp.iscomplexobj(d))
         self._static = Static(kernel, degree, tuple(map(tuple, exponents.tolist())),
-                              tuple(d.shape[1:]), is_complex, method, fmm_eps, order, settings)
-        self.y = points
+                              tuple(d.shape[1:]), is_complex, method, fmm_eps, order, settings,
+                              dim, neighbors)
+        self._sites = sites
         self._shift = jnp.asarray(shift, dtype)
         self._scale = jnp.asarray(scale, dtype)
         self._levels = levels
@@ -316,8 +350,19 @@ class RBFInterpolator:
         return self._static.degree
 
     @property
+    def y(self):
+        """The data points (N, dim)."""
+        return self._sites[:, :self._static.dim]
+
+    @property
     def powers(self) -> np.ndarray:
-        return np.asarray(self._static.powers, np.int64).reshape(-1, self.y.shape[1])
+        return np.asarray(self._static.powers, np.int64).reshape(-1, self._static.dim)
+
+    @property
+    def neighbors(self) -> int | None:
+        """scipy's: the nearest data points each evaluation uses (at most
+        N), or None for the global interpolant."""
+        return self._static.neighbors
 
     @property
     def d_shape(self) -> tuple:
@@ -339,32 +384,51 @@ class RBFInterpolator:
         st = self._static.settings
         return 0 if st is None else st.rank
 
-    neighbors = None
-
     # ------------------------------------------------------------ solve
     def fit(self, d=None, epsilon=None, smoothing=None) -> RBFInterpolator:
         """A new interpolator for new data values d (N, ...), epsilon or
         smoothing (scalar or (N,)), on this one's points, trees, FMM order
         and solver settings. jit-able and differentiable with respect to
         all three. Raises like the constructor where the solve fails
-        (under a trace its coefficients are NaN instead)."""
+        (under a trace its coefficients are NaN instead). Eager calls run
+        one compiled program, shared by every interpolator of the same
+        shapes and settings."""
         st = self._static
-        n, dtype = self.y.shape[0], self.y.dtype
+        n, dtype = self._sites.shape[0], self._sites.dtype
         d = self.d if d is None else jnp.asarray(d)
         if d.shape[:1] != (n,) or tuple(d.shape[1:]) != st.d_shape:
             raise ValueError(f"d must have shape {(n,) + st.d_shape}, got {d.shape}")
         epsilon = self.epsilon if epsilon is None else jnp.asarray(epsilon, dtype)
         smoothing = self.smoothing if smoothing is None else jnp.asarray(smoothing, dtype)
         smoothing = jnp.broadcast_to(smoothing, (n,))
-        values = d.reshape(n, -1)
-        if st.complex:
+        new = _fit(self, d, epsilon, smoothing)
+        new._raise_if_failed()          # eager calls only; traced: NaN coefficients
+        return new
+
+    def _values(self, d):
+        """d as real columns (N, S) of the working dtype (complex: real
+        parts, then imaginary parts)."""
+        values = d.reshape(d.shape[0], -1)
+        if self._static.complex:
             values = jnp.concatenate([values.real, values.imag], axis=1)
-        values = values.astype(dtype)
+        return values.astype(self._sites.dtype)
+
+    def _fit(self, d, epsilon, smoothing) -> RBFInterpolator:
+        """fit's solve (traced or under `_fit`'s jit)."""
+        st = self._static
+        new = object.__new__(RBFInterpolator)
+        new.__dict__.update(self.__dict__)
+        new.d, new.epsilon, new.smoothing = d, epsilon, smoothing
+        zero = jnp.zeros((), self._sites.dtype)
+        if st.method == "local":             # solved at each evaluation
+            new.iterations, new.residual = jnp.zeros((), jnp.int32), zero
+            return new
+        values = self._values(d)
         k = kernel_for(st.kernel, epsilon)
-        exponents = self.powers
-        p = polynomial.monomials((self.y - self._shift) / self._scale, exponents)
+        exponents = _lift_powers(self.powers)
+        p = polynomial.monomials((self._sites - self._shift) / self._scale, exponents)
         if st.method == "dense":
-            c, a, residual = _dense_solve(self.y, values, smoothing, k, p)
+            c, a, residual = _dense_solve(self._sites, values, smoothing, k, p)
             iterations = jnp.zeros((), jnp.int32)
         else:
             levels = system.with_parameters(self._levels, k, smoothing, exponents,
@@ -373,19 +437,14 @@ class RBFInterpolator:
             failed = ~(residual <= st.settings.tol)
             c = jnp.where(failed, jnp.nan, c)
             a = jnp.where(failed, jnp.nan, a)
-        new = object.__new__(RBFInterpolator)
-        new.__dict__.update(self.__dict__)
-        new.d, new.epsilon, new.smoothing = d, epsilon, smoothing
+            new._levels = levels
         new._coeffs, new._poly = c, a
         new.iterations, new.residual = iterations, residual
-        if st.method == "krylov":
-            new._levels = levels
-        new._raise_if_failed()          # eager calls only; traced: NaN coefficients
         return new
 
     def _raise_if_failed(self):
         res = self.residual
-        if isinstance(res, Tracer):
+        if isinstance(res, Tracer) or self.method == "local":
             return
         if self.method == "dense":
             if not bool(jnp.all(jnp.isfinite(self._coeffs))) or float(res) > 1e-4:
@@ -415,9 +474,13 @@ class RBFInterpolator:
                 "matrix's eigenvalues above the smoothing (rank=; preconditioner='auto' "
                 "takes it where a rank within its memory budget suffices)")
 
-    def _singular_message(self) -> str:
-        p = np.asarray(polynomial.monomials((self.y - self._shift) / self._scale,
-                                            self.powers))
+    def _singular_message(self, points=None) -> str:
+        """scipy's message for a singular system on `points` (the data
+        points by default)."""
+        points = self.y if points is None else points
+        lo, hi = jnp.min(points, axis=0), jnp.max(points, axis=0)
+        scale = jnp.where(hi > lo, (hi - lo) / 2, 1.0)
+        p = np.asarray(polynomial.monomials((points - (hi + lo) / 2) / scale, self.powers))
         if p.shape[1] and np.linalg.matrix_rank(p) < p.shape[1]:
             return ("Singular matrix. The matrix of monomials evaluated at the data point "
                     f"coordinates does not have full column rank "
@@ -427,40 +490,90 @@ class RBFInterpolator:
 
     # ------------------------------------------------------------ evaluate
     def __call__(self, x):
-        """The interpolant at x (M, dim): (M, ...) like d."""
+        """The interpolant at x (M, dim): (M, ...) like d. Sums over all
+        data points by the FMM (one plan per call; the direct sum below
+        2^24 pairs, in chunks as scipy's), or with `neighbors` the local
+        interpolants. Compiled once per size bucket of M (M padded to
+        256, or the next 2^k or 1.5 x 2^k)."""
         x = jnp.asarray(x)
-        dim = self.y.shape[1]
-        if x.ndim != 2 or x.shape[1] != dim:
-            raise ValueError(f"Expected the second axis of `x` to have length {dim}.")
         st = self._static
-        x = x.astype(self.y.dtype)
-        k = kernel_for(st.kernel, self.epsilon)
-        n, m = self.y.shape[0], x.shape[0]
+        if x.ndim != 2:
+            raise ValueError("`x` must be a 2-dimensional array.")
+        if x.shape[1] != st.dim:
+            raise ValueError(f"Expected the second axis of `x` to have length {st.dim}.")
+        x = x.astype(self._sites.dtype)
+        m = x.shape[0]
         if m == 0:
-            return jnp.zeros((0,) + st.d_shape, jnp.result_type(self._coeffs.dtype,
-                                                                  1j if st.complex else 0))
-        # Targets padded (copies of the first) to one of a few sizes, so that
-        # calls with other M reuse the compiled sum.
-        padded = jnp.concatenate([x, jnp.broadcast_to(x[:1], (_bucket(m) - m, x.shape[1]))])
-        if n * padded.shape[0] > system.DIRECT_PAIRS:
-            out = api.fmm(self.y, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
-                          family="chebyshev", order=st.order)
+            cols = int(np.prod(st.d_shape, dtype=int)) * (2 if st.complex else 1)
+            out = jnp.zeros((0, cols), self._sites.dtype)
+        elif st.method == "local":
+            out = self._local(x)
         else:
-            out = api.direct(self.y, self._coeffs, padded, kernel=k)
-        out = out[:m]
-        p = polynomial.monomials((x - self._shift) / self._scale, self.powers)
-        out = out + p @ self._poly
+            n, lifted = self._sites.shape[0], _lift(x)
+            budget = max(x.size + self._sites.size + self.d.size, 1_000_000)
+            if n * _bucket(m) <= system.DIRECT_PAIRS or lifted.shape[1] > 3:
+                coeffs = jnp.concatenate([self._coeffs, self._poly])
+                out = self._chunk_evaluator(x, self.y, None, None, coeffs,
+                                            memory_budget=budget)
+            else:
+                out = self._far(lifted)
         if st.complex:
             half = out.shape[1] // 2
             out = out[:, :half] + 1j * out[:, half:]
         return out.reshape((m,) + st.d_shape)
+
+    def _chunk_evaluator(self, x, y, shift, scale, coeffs, memory_budget=1_000_000):
+        """scipy's evaluation in chunks of x (Q, dim) of at most
+        memory_budget / (N + R) rows: K(x, y) c + P(x) a with coeffs
+        (N + R, S) = [c; a], the polynomial in this interpolator's
+        coordinates (shift and scale are scipy's arguments; None here)."""
+        n, r = y.shape[0], self.powers.shape[0]
+        rows = memory_budget // (n + r) + 1
+        k = kernel_for(self._static.kernel, self.epsilon)
+        args = (_lift(y) if y is self.y else y, self._shift[:y.shape[1]],
+                self._scale[:y.shape[1]], coeffs[:n], coeffs[n:], k)
+        chunks = []
+        for start in range(0, x.shape[0], rows):
+            part = x[start:start + rows]
+            size = part.shape[0]
+            padded = jnp.concatenate(
+                [part, jnp.broadcast_to(part[:1], (_bucket(size) - size, part.shape[1]))])
+            chunks.append(_direct(_lift(padded) if y is self.y else padded, *args,
+                                  powers=self._static.powers)[:size])
+        return jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+
+    def _far(self, lifted):
+        """FMM sum from the data points plus the polynomial at lifted
+        points (M, D)."""
+        st, m = self._static, lifted.shape[0]
+        k = kernel_for(st.kernel, self.epsilon)
+        padded = jnp.concatenate(
+            [lifted, jnp.broadcast_to(lifted[:1], (_bucket(m) - m, lifted.shape[1]))])
+        out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
+                      family="chebyshev", order=st.order)[:m]
+        p = polynomial.monomials((lifted - self._shift) / self._scale,
+                                 _lift_powers(self.powers))
+        return out + p @ self._poly
+
+    def _local(self, x):
+        """scipy's `neighbors` evaluation: each point's local interpolant."""
+        st, m = self._static, x.shape[0]
+        padded = jnp.concatenate([x, jnp.broadcast_to(x[:1], (_bucket(m) - m, st.dim))])
+        idx = local.nearest(self.y, padded, st.neighbors)
+        out, ok = _local(padded, self.y, self._values(self.d), self.smoothing,
+                         kernel_for(st.kernel, self.epsilon), idx, powers=st.powers)
+        out, ok = out[:m], ok[:m]
+        if not isinstance(ok, Tracer) and not bool(jnp.all(ok)):
+            bad = int(np.argmin(np.asarray(ok)))
+            raise np.linalg.LinAlgError(self._singular_message(self.y[idx[bad]]))
+        return out
 
     def __repr__(self):
         return (f"RBFInterpolator(N={self.y.shape[0]}, dim={self.y.shape[1]}, "
                 f"kernel={self.kernel!r}, degree={self.degree}, method={self.method!r})")
 
 
-_LEAVES = ("y", "d", "epsilon", "smoothing", "_shift", "_scale", "_coeffs", "_poly",
+_LEAVES = ("_sites", "d", "epsilon", "smoothing", "_shift", "_scale", "_coeffs", "_poly",
            "_levels", "iterations", "residual")
 
 
@@ -477,8 +590,48 @@ def _unflatten(static, leaves):
 
 jax.tree_util.register_pytree_node(RBFInterpolator, _flatten, _unflatten)
 
-# The constructor's solve, compiled once per shapes and settings.
-_fit = jax.jit(lambda it, d, epsilon, smoothing: it.fit(d, epsilon, smoothing))
+def _fit(it, d, epsilon, smoothing):
+    """The solve as one compiled program per shapes, settings and backend
+    mode, shared by the constructor, eager `fit` calls and every
+    interpolator of the same static configuration (on a GPU compiled
+    without Triton GEMM autotuning, as the FMM's own calls)."""
+    return backend.call(_fit_jits, it, d, epsilon, smoothing, mode=backend.current())
+
+
+_fit_jits = backend.jits(lambda it, d, epsilon, smoothing, mode: it._fit(d, epsilon, smoothing),
+                         ("mode",))
+
+
+def _direct(x, y, shift, scale, c, a, kernel, powers):
+    return backend.call(_direct_jits, x, y, shift, scale, c, a, kernel, powers=powers,
+                        mode=backend.current())
+
+
+def _direct_sum(x, y, shift, scale, c, a, kernel, powers, mode):
+    """K(x, y) c + P((x - shift) / scale) a: x (M, D), y (N, D), c (N, S),
+    a (R, S), powers (R, dim) as nested tuples (dim <= D: 1-D points are
+    lifted)."""
+    exponents = np.asarray(powers, np.int64).reshape(a.shape[0], -1)
+    r2 = jnp.sum((x[:, None, :] - y[None, :, :]) ** 2, axis=-1)
+    p = polynomial.monomials((x[:, :exponents.shape[1]] - shift[:exponents.shape[1]])
+                             / scale[:exponents.shape[1]], exponents)
+    return kernel.pair(r2, False)[0] @ c + p @ a
+
+
+_direct_jits = backend.jits(_direct_sum, ("powers", "mode"))
+
+
+def _local(x, y, values, smoothing, kernel, idx, powers):
+    return backend.call(_local_jits, x, y, values, smoothing, kernel, idx, powers=powers,
+                        mode=backend.current())
+
+
+def _local_sums(x, y, values, smoothing, kernel, idx, powers, mode):
+    exponents = np.asarray(powers, np.int64).reshape(-1, y.shape[1])
+    return local.evaluate(x, y, values, smoothing, kernel, exponents, idx)
+
+
+_local_jits = backend.jits(_local_sums, ("powers", "mode"))
 
 
 def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):

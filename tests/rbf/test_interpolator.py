@@ -344,8 +344,10 @@ def test_scipy_errors_and_warnings(rng):
     with pytest.raises(ValueError, match="rank must be"):
         jfmm.RBFInterpolator(y, d, kernel="gaussian", epsilon=1.0, smoothing=1e-3,
                              method="krylov", preconditioner="nystrom", rank=0)
-    with pytest.raises(NotImplementedError, match="neighbors"):
-        jfmm.RBFInterpolator(y, d, neighbors=10)
+    with pytest.raises(ValueError, match="At least 3 data points"):
+        jfmm.RBFInterpolator(y, d, neighbors=2)
+    with pytest.raises(ValueError, match="`x` must be a 2-dimensional array"):
+        jfmm.RBFInterpolator(y, d)(y[:, 0])
     with pytest.raises(ValueError, match="NaN"):
         jfmm.RBFInterpolator(np.where(y == y[0, 0], np.nan, y), d)
     it = jfmm.RBFInterpolator(y, d)
@@ -357,3 +359,48 @@ def test_scipy_errors_and_warnings(rng):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jfmm.RBFInterpolator(y, d, kernel="linear", degree=-1)       # -1 is allowed
+
+
+def line_values(y, rng):
+    """Values on sites of any dimension: a smooth function of the first
+    axis, a random linear part and noise-like wiggles, mixed in sign."""
+    t = y @ rng.normal(size=y.shape[1])
+    return np.sin(4 * t) + t * rng.normal() + 0.1 * np.cos(17 * y[:, 0])
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_neighbors_match_scipy(dim, rng):
+    """scipy's local interpolation (neighbors=k): each point's interpolant
+    of its k nearest sites, eagerly (k-d tree) and under jit (top-k)."""
+    for kind, kernel, epsilon, smoothing in [("cluster", "thin_plate_spline", None, 0.0),
+                                             ("cluster", "gaussian", 3.0, 1e-3),
+                                             ("uniform", "quintic", None, 0.0)]:
+        # (quintic's local systems on clustered sites are too ill-conditioned
+        # for two LU solves to agree to 1e-8)
+        y = sites(kind, 300, rng, dim)
+        d = line_values(y, rng)
+        x = np.concatenate([rng.random((60, dim)), y[:10] + 1e-3])
+        ours = jfmm.RBFInterpolator(y, d, neighbors=25, kernel=kernel, epsilon=epsilon,
+                                    smoothing=smoothing)
+        ref = ScipyRBF(y, d, neighbors=25, kernel=kernel, epsilon=epsilon,
+                       smoothing=smoothing)(x)
+        assert ours.neighbors == 25 and ours.method == "local"
+        assert rel(ours(x), ref) < 1e-8, kernel
+        assert rel(jax.jit(lambda it, x: it(x))(ours, x), ref) < 1e-8, kernel
+    vector = np.stack([d, -2 * d + y[:, 0]], axis=1)
+    ours = jfmm.RBFInterpolator(y, vector, neighbors=12, kernel="cubic")
+    assert rel(ours(x), ScipyRBF(y, vector, neighbors=12, kernel="cubic")(x)) < 1e-8
+    assert jfmm.RBFInterpolator(y, d, neighbors=10 ** 6).method == "dense"   # all sites
+
+
+def test_points_on_a_line_through_the_fmm(rng, small_levels, monkeypatch):
+    """1-D sites: the Krylov solve and evaluation over FMM sums of the
+    sites lifted into the plane, against scipy's dense solve."""
+    monkeypatch.setattr(system, "DIRECT_PAIRS", 0)
+    y = 3 * rng.random((500, 1))
+    y[:100] = 1.5 + 0.01 * rng.random((100, 1))           # a crowded stretch
+    d = line_values(y, rng)
+    x = 3 * rng.random((80, 1))
+    ours = jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", method="krylov", tol=1e-10)
+    assert ours.y.shape == (500, 1) and ours.powers.shape == (2, 1)
+    assert rel(ours(x), ScipyRBF(y, d, kernel="thin_plate_spline")(x)) < 1e-6
