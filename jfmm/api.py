@@ -78,18 +78,6 @@ def _bind(tree, ops, kernel, charges, config, check, gradient, mode):
                               outs[1] if gradient else None)
 
 
-def _call(jits, *args, mode: str, **static):
-    """Call the first of `backend.variants` that jax accepts."""
-    *first, last = backend.variants(jits, args, mode)
-    for f in first:
-        try:
-            return f(*args, mode=mode, **static)
-        except ValueError as e:          # inside a user's jit: no compiler options
-            if "compiler_options" not in str(e):
-                raise
-    return last(*args, mode=mode, **static)
-
-
 _fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode"))
 
 
@@ -240,11 +228,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                                    leaf_size).with_mesh(mesh)
     if config.tree == "adaptive":
         pl = _new_plan(sources, targets, kernel, config, order, charged)
-        phi, grad, ok = _call(_apply_jits, pl, q, gradient=gradient, mode=backend.current())
+        phi, grad, ok = backend.call(_apply_jits, pl, q, gradient=gradient,
+                                     mode=backend.current())
     else:
-        phi, grad, ok = _call(_fmm_jits, sources, q, targets, kernel, config.check_arrays,
-                              config=config.static, gradient=gradient,
-                              mode=backend.current())
+        phi, grad, ok = backend.call(_fmm_jits, sources, q, targets, kernel,
+                                     config.check_arrays, config=config.static,
+                                     gradient=gradient, mode=backend.current())
     _configure.raise_unchecked(ok, config)
     return _inputs.finish(phi, grad, layout, gradient)
 
@@ -389,8 +378,8 @@ class Plan:
                                "jfmm.plan(...)")
         if self.config.mesh is not None:
             charges = _distributed.on_mesh(charges, self.config.mesh)
-        phi, grad, ok = _call(_apply_jits, self, charges, gradient=gradient,
-                              mode=backend.current())
+        phi, grad, ok = backend.call(_apply_jits, self, charges, gradient=gradient,
+                                     mode=backend.current())
         _configure.raise_unchecked(ok, self.config)
         return (phi, grad) if gradient else phi
 

@@ -342,3 +342,16 @@ def variants(jits, args, mode: str) -> tuple:
             or any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(args))):
         return (plain,)
     return (fast, plain)
+
+
+def call(jits, *args, mode: str, **static):
+    """Call the first of `variants` that jax accepts, passing `mode` and
+    the static arguments."""
+    *first, last = variants(jits, args, mode)
+    for f in first:
+        try:
+            return f(*args, mode=mode, **static)
+        except ValueError as e:          # inside a user's jit: no compiler options
+            if "compiler_options" not in str(e):
+                raise
+    return last(*args, mode=mode, **static)
