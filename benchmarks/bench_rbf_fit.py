@@ -2,6 +2,16 @@
 
     python benchmarks/bench_rbf_fit.py --sizes 10000 100000 1000000 \
         --kernels linear thin_plate_spline cubic --out rbf_fit.json
+    python benchmarks/bench_rbf_fit.py --user --sizes 100000 1000000 \
+        --points uniform boreholes terrain --out rbf_user.json
+
+--user measures what a user's script sees, each case in a fresh process
+(`user_case`): the first constructor (compilation included, with the time
+spent compiling beside it), a second constructor on new data of the same
+size, an eager refit, evaluation at 10^4 and 10^6 new points (first call
+of the size and warm), the iterations, the RMS error at the 10^4 points
+and the peak device memory; with --second-process each case runs again in
+a new process sharing the first one's persistent compilation cache.
 
 Per (kernel, N): the set-up (host geometry of the preconditioner and the
 FMM plans), the first fit (compilation included), then the median of
@@ -16,7 +26,11 @@ the construction and `fit` rebuild the factor at the rank found.
 import argparse
 import itertools
 import json
+import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -27,7 +41,7 @@ jax.config.update("jax_enable_x64", True)
 import jfmm  # noqa: E402
 from jfmm.rbf import system  # noqa: E402
 from jfmm.rbf.interpolator import _preconditioner as choose_preconditioner  # noqa: E402
-from jfmm.rbf.interpolator import kernel_for  # noqa: E402
+from jfmm.rbf.interpolator import _lift_powers, kernel_for  # noqa: E402
 
 EPSILON = {"gaussian": 5.0, "inverse_multiquadric": 5.0, "multiquadric": 5.0,
            "inverse_quadratic": 5.0}
@@ -132,7 +146,112 @@ def run(kernel: str, n: int, tol: float, repeat: int, grad: bool = False,
                 host=platform.node())
 
 
+def user_data(n: int, points: str, rng):
+    """n sites of `points` ('uniform' in the unit cube; 'boreholes': along
+    2,000 vertical lines; 'terrain': on a surface z = h(x, y)) and the
+    issue's test function f = sin(3x) cos(2y) + z^2 at them."""
+    if points == "uniform":
+        y = rng.random((n, 3))
+    elif points == "boreholes":
+        heads = rng.random((2000, 2))
+        y = np.concatenate([heads[rng.integers(0, 2000, n)], rng.random((n, 1))], axis=1)
+    elif points == "terrain":
+        xy = rng.random((n, 2))
+        y = np.concatenate([xy, 0.5 + 0.2 * (np.sin(3 * xy[:, :1]) * np.cos(2 * xy[:, 1:]))],
+                           axis=1)
+    else:
+        raise ValueError(points)
+    return y, user_function(y)
+
+
+def user_function(x):
+    return np.sin(3 * x[:, 0]) * np.cos(2 * x[:, 1]) + x[:, 2] ** 2
+
+
+def user_case(kernel: str, n: int, points: str, tol: float) -> dict:
+    """One fresh process's calls, as a user's script makes them."""
+    from jax import monitoring
+    compiled = [0.0]
+
+    def listen(event, duration, **_):
+        if event.endswith("backend_compile_duration") or event.endswith("trace_duration"):
+            compiled[0] += duration
+    monitoring.register_event_duration_secs_listener(listen)
+    rng = np.random.default_rng(0)
+    out = dict(kernel=kernel, n=n, points=points, tol=tol)
+
+    def timed(name, f):
+        before, t = compiled[0], time.perf_counter()
+        r = jax.block_until_ready(f())
+        out[name + "_s"] = time.perf_counter() - t
+        out[name + "_compile_s"] = compiled[0] - before
+        return r
+
+    y, d = user_data(n, points, rng)
+    it = timed("construct", lambda: jfmm.RBFInterpolator(y, d, kernel=kernel, tol=tol))
+    y2, d2 = user_data(n, points, rng)
+    it = timed("construct_again", lambda: jfmm.RBFInterpolator(y2, d2, kernel=kernel,
+                                                               tol=tol))
+    out.update(iterations=int(it.iterations), residual=float(it.residual),
+               method=it.method, levels=[int(l.points.shape[0]) for l in it._levels or []])
+    timed("refit", lambda: it.fit(d=2 * d2 + 1)._coeffs)
+    if it.method == "krylov":          # the stages of construct_again
+        st, k = it._static, kernel_for(kernel, it.epsilon)
+        exponents = _lift_powers(it.powers)
+        timed("setup", lambda: system.hierarchy(np.asarray(it._sites), it._sites,
+                                                it.smoothing, k, exponents, st.fmm_eps,
+                                                st.settings))
+        inverses = jax.jit(lambda levels, k, s: system.with_parameters(levels, k, s,
+                                                                       exponents, st.settings))
+        timed("local_inverses_first", lambda: inverses(it._levels, k, it.smoothing))
+        timed("local_inverses", lambda: inverses(it._levels, k, it.smoothing))
+    for m, repeat in ((10_000, 5), (1_000_000, 2)):
+        x = rng.random((m, 3)) if points == "uniform" else user_data(m, points, rng)[0]
+        pred = timed(f"evaluate_{m}_first", lambda: it(x))
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            jax.block_until_ready(it(x))
+            times.append(time.perf_counter() - t)
+        out[f"evaluate_{m}_s"] = float(np.median(times))
+        if m == 10_000:
+            out["rms_error"] = rms_error(pred, user_function(x))
+    stats = jax.devices()[0].memory_stats() or {}
+    out.update(peak_memory_gb=stats.get("peak_bytes_in_use", 0) / 2 ** 30,
+               device=str(jax.devices()[0].device_kind), jax=jax.__version__,
+               host=platform.node())
+    return out
+
+
+def user_runs(args) -> list:
+    """Every (kernel, N, points) case in a fresh process (twice with
+    --second-process, the second sharing the first's compilation cache)."""
+    rows = []
+    for kernel, n, points in itertools.product(args.kernels, args.sizes, args.points):
+        cache = tempfile.mkdtemp(prefix="jfmm-cache-")
+        for run in range(2 if args.second_process else 1):
+            t = time.perf_counter()
+            env = dict(os.environ, JFMM_COMPILATION_CACHE=cache)
+            done = subprocess.run([sys.executable, __file__, "--user-case", kernel, str(n),
+                                   points, str(args.tol)], env=env, capture_output=True,
+                                  text=True)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+            row = (json.loads(lines[-1]) if lines else
+                   dict(kernel=kernel, n=n, points=points, error=done.stderr[-300:]))
+            row.update(process=run, process_s=time.perf_counter() - t)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            if args.out:
+                with open(args.out, "w") as fh:
+                    json.dump(rows, fh, indent=1)
+    return rows
+
+
 def main():
+    if sys.argv[1:2] == ["--user-case"]:
+        kernel, n, points, tol = sys.argv[2:6]
+        print(json.dumps(user_case(kernel, int(n), points, float(tol))), flush=True)
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--kernels", nargs="+", default=["linear", "thin_plate_spline"])
@@ -145,8 +264,17 @@ def main():
     ap.add_argument("--preconditioner", default="auto", choices=["auto", "schwarz", "nystrom"])
     ap.add_argument("--grad", action="store_true",
                     help="also time a validation loss's gradient in (epsilon, smoothing)")
+    ap.add_argument("--user", action="store_true",
+                    help="what a user's script sees, each case in a fresh process")
+    ap.add_argument("--points", nargs="+", default=["uniform"],
+                    choices=["uniform", "boreholes", "terrain"])
+    ap.add_argument("--second-process", action="store_true",
+                    help="with --user: each case again in a second process, same cache")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.user:
+        user_runs(args)
+        return
     rows = []
     for kernel, eps, smoothing, n in itertools.product(args.kernels, args.epsilon,
                                                        args.smoothing, args.sizes):
