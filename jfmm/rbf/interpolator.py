@@ -150,8 +150,10 @@ class RBFInterpolator:
     Arguments, defaults, kernel names and errors are those of
     `scipy.interpolate.RBFInterpolator`:
 
-    y (N, dim) data points, dim 2 or 3; d (N, ...) data values (real or
-    complex); smoothing: float or (N,) array added to the diagonal;
+    y (N, dim) data points (dim 1, 2 or 3; any dim for the dense solve and
+    `neighbors`; points on a line are summed as points of the plane); d
+    (N, ...) data values (real or complex); smoothing: float or (N,) array
+    added to the diagonal;
     kernel: 'thin_plate_spline' (default), 'linear', 'cubic', 'quintic',
     'multiquadric', 'inverse_multiquadric', 'inverse_quadratic',
     'gaussian', each evaluated at epsilon r (epsilon required for the last
@@ -159,8 +161,12 @@ class RBFInterpolator:
     default the kernel's minimum (linear, multiquadric 0; thin-plate,
     cubic 1; quintic 2; else 0), -1 for none; a degree below the minimum
     warns. The polynomial is in (x - shift) / scale, the data's bounding
-    box mapped onto [-1, 1]^dim. `neighbors` (local interpolation) is not
-    implemented: anything but None raises NotImplementedError.
+    box mapped onto [-1, 1]^dim. `neighbors=k` (k < N): scipy's local
+    interpolation, no global solve; each evaluation point gets the
+    interpolant of its k nearest data points (`jfmm.rbf.local`: a k-d tree
+    for concrete points, a top-k over all pairs under jit; the k x k
+    systems solved batched on the device); k >= N is the global
+    interpolant.
 
     The interpolant s(x) = sum_i c_i K(epsilon |x - y_i|) + P(x) a solves
     (K + diag(smoothing)) c + P a = d, P^T c = 0.
@@ -194,9 +200,18 @@ class RBFInterpolator:
     the solve (0 and the dense solve's residual for 'dense').
 
     Calling interp(x) with x (M, dim) evaluates s at M points by one FMM
-    sum (the direct sum below 2^24 pairs) plus the polynomial; it returns
-    (M, ...) like d. float32 or float64 follow the inputs (float64 needs
-    jax_enable_x64).
+    sum (the direct sum below 2^24 pairs, in chunks as scipy's) plus the
+    polynomial, compiled once per size bucket of M (256, then steps of
+    at most 1.5x); it returns (M, ...) like d. float32 or float64 follow
+    the inputs (float64 needs jax_enable_x64).
+
+    Compiled code: the solve (local inverses, Krylov iterations,
+    polynomial part) is one jitted program per static configuration (N,
+    kernel, degree, dtype, solver settings, the FMM plans' shapes), shared
+    by the constructor, eager `fit` calls and later interpolators of the
+    same configuration; jfmm keeps compiled programs on disk between
+    processes (`jfmm._cache`). What each stage costs is in
+    docs/BENCHMARKS.md, "RBF interpolation as a user calls it".
 
     Differentiable: the object is a pytree (arrays are leaves) and passes
     through jax.jit. `interp(x)` differentiates with respect to x and the
