@@ -18,6 +18,11 @@ which are missing) and saved as a PNG in --docs:
                      peers_float32.json, peers_float64.json)
   rbf_fit.png        RBF fit time and error against N (bench_rbf_fit,
                      bench_rbf_peers: rbf_fit_gpu.json, rbf_peers_cpu.json)
+  rbf_user.png       RBF fits as a user's script calls them: the first
+                     constructor (its compilation shaded), the same in a
+                     second process, a second constructor, an eager refit
+                     and evaluation at 10^6 points (bench_rbf_fit --user:
+                     rbf_user_gpu.json)
   crossover.png      eager fmm over direct against N, per case, on the GPU
                      and the CPU (bench_crossover: crossover_gpu.json,
                      crossover_gpu2.json, crossover_cpu.json)
@@ -346,6 +351,37 @@ def rbf_fit(data, docs):
     return True
 
 
+def rbf_user(data, docs):
+    found = load(data, "rbf_user_gpu.json")
+    if found is None:
+        return False
+    rows = [r for r in found[1] if r.get("points", "uniform") == "uniform"]
+    first = {(r["kernel"], r["n"]): r for r in rows if r["process"] == 0}
+    second = {(r["kernel"], r["n"]): r for r in rows if r["process"] == 1}
+    cases = sorted(first, key=lambda c: (c[1], c[0]))
+    bars = (("first constructor", lambda r, c: r["construct_s"]),
+            ("the same, second process", lambda r, c: second[c]["construct_s"]
+             if c in second else 0.0),
+            ("second constructor", lambda r, c: r["construct_again_s"]),
+            ("eager refit", lambda r, c: r["refit_s"]),
+            ("evaluate 10^6 points", lambda r, c: r["evaluate_1000000_s"]))
+    fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
+    width = 0.8 / len(bars)
+    for k, (label, value) in enumerate(bars):
+        xs = [i + (k - len(bars) / 2 + 0.5) * width for i in range(len(cases))]
+        ax.bar(xs, [value(first[c], c) for c in cases], width, label=label, color=f"C{k}")
+        if k == 0:
+            ax.bar(xs, [first[c]["construct_compile_s"] for c in cases], width, color="none",
+                   edgecolor="k", hatch="//", label="of which compiling")
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([f"{kernel}\nN = {n:,}" for kernel, n in cases])
+    ax.set(ylabel="seconds", title="RBFInterpolator as a user calls it (float64, residual "
+           "1e-6, uniform 3D points)\n" + f"{rows[0]['device']}, jax {rows[0]['jax']}")
+    ax.legend(fontsize=8)
+    save(fig, docs, "rbf_user.png")
+    return True
+
+
 def crossover(data, docs):
     files = load_all(data, ["crossover_gpu.json", "crossover_gpu2.json", "crossover_cpu.json"])
     if not files:
@@ -493,8 +529,8 @@ def multi(data, docs):
     return True
 
 
-FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, crossover, orders, adaptive,
-           multi)
+FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, rbf_user, crossover, orders,
+           adaptive, multi)
 
 
 def main():

@@ -104,7 +104,7 @@ def test_top_level_gpu_calls_compile_with_their_options(monkeypatch):
 
     plain, fast = backend.jits(lambda x, mode: 2 * x, ("mode",))
     jits = (spy("plain", plain), spy("fast", fast))
-    call = lambda y: api._call(jits, y, mode="pallas")                     # noqa: E731
+    call = lambda y: backend.call(jits, y, mode="pallas")                  # noqa: E731
     x = jnp.arange(3.0)
     np.testing.assert_array_equal(call(x), 2 * x)
     assert used == ["fast"]

@@ -348,10 +348,13 @@ class RBFInterpolator:
         self._sites = sites
         self._shift = jnp.asarray(shift, dtype)
         self._scale = jnp.asarray(scale, dtype)
-        self._levels = levels
         self.d, self.epsilon, self.smoothing = d, jnp.asarray(epsilon, dtype), smoothing
+        # The sums' kernel with epsilon as an array, as `fit` leaves it: one
+        # compiled solve serves the constructor and every refit.
+        self._levels = (None if levels is None
+                        else system.with_kernel(levels, kernel_for(kernel, self.epsilon)))
         self._coeffs = self._poly = self.iterations = self.residual = None
-        fitted = _fit(self, d, jnp.asarray(epsilon, dtype), smoothing)
+        fitted = _fit(self, d, self.epsilon, smoothing)
         self.__dict__.update(fitted.__dict__)
         self._raise_if_failed()         # _fit's own check ran under its trace
 
@@ -416,8 +419,19 @@ class RBFInterpolator:
         epsilon = self.epsilon if epsilon is None else jnp.asarray(epsilon, dtype)
         smoothing = self.smoothing if smoothing is None else jnp.asarray(smoothing, dtype)
         smoothing = jnp.broadcast_to(smoothing, (n,))
-        new = _fit(self, d, epsilon, smoothing)
+        new = _fit(self._unsolved(), d, epsilon, smoothing)
         new._raise_if_failed()          # eager calls only; traced: NaN coefficients
+        return new
+
+    def _unsolved(self) -> RBFInterpolator:
+        """This interpolator without what a solve computes (coefficients,
+        local inverses), as the constructor hands it to `_fit`: one
+        compiled solve serves the constructor and every refit."""
+        new = object.__new__(RBFInterpolator)
+        new.__dict__.update(self.__dict__)
+        new._coeffs = new._poly = new.iterations = new.residual = None
+        if self._levels is not None:
+            new._levels = tuple(lev._replace(inverse=None) for lev in self._levels)
         return new
 
     def _values(self, d):

@@ -149,6 +149,14 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
     return tuple(levels)
 
 
+def with_kernel(levels, kernel):
+    """Levels whose sums take `kernel` (the same kernel with other
+    parameters)."""
+    return tuple(lev._replace(own=None if lev.own is None else lev.own.with_kernel(kernel),
+                              down=None if lev.down is None else lev.down.with_kernel(kernel))
+                 for lev in levels)
+
+
 def with_parameters(levels, kernel, smoothing, exponents, settings: Settings):
     """Levels for a kernel (new parameters) and smoothing (n,) of the data
     points: the sums take the kernel, the local inverses or the Nystrom
@@ -156,10 +164,8 @@ def with_parameters(levels, kernel, smoothing, exponents, settings: Settings):
     out = []
     frozen = jax.lax.stop_gradient(kernel)
     core = settings.core
-    for lev in levels:
+    for lev in with_kernel(levels, kernel):
         smooth = smoothing[lev.members]
-        own = None if lev.own is None else lev.own.with_kernel(kernel)
-        down = None if lev.down is None else lev.down.with_kernel(kernel)
         s = jax.lax.stop_gradient(smooth)
         if settings.preconditioner == "nystrom":
             F, _ = nystrom.factor(frozen, lev.points, 1 / s, settings.rank,
@@ -169,7 +175,7 @@ def with_parameters(levels, kernel, smoothing, exponents, settings: Settings):
             inv = schwarz.coarsest_inverse(frozen, lev.points, s, exponents)
         else:
             inv = schwarz.local_inverses(frozen, lev.points, s, lev.ext, core, exponents)
-        out.append(lev._replace(smoothing=smooth, own=own, down=down, inverse=inv))
+        out.append(lev._replace(smoothing=smooth, inverse=inv))
     return tuple(out)
 
 
