@@ -559,16 +559,13 @@ class RBFInterpolator:
         n, r = y.shape[0], self.powers.shape[0]
         rows = memory_budget // (n + r) + 1
         k = kernel_for(self._static.kernel, self.epsilon)
-        args = (_lift(y) if y is self.y else y, self._shift[:y.shape[1]],
-                self._scale[:y.shape[1]], coeffs[:n], coeffs[n:], k)
+        dim = y.shape[1]
+        args = (y, self._shift[:dim], self._scale[:dim], coeffs[:n], coeffs[n:], k)
         chunks = []
         for start in range(0, x.shape[0], rows):
             part = x[start:start + rows]
-            size = part.shape[0]
-            padded = jnp.concatenate(
-                [part, jnp.broadcast_to(part[:1], (_bucket(size) - size, part.shape[1]))])
-            chunks.append(_direct(_lift(padded) if y is self.y else padded, *args,
-                                  powers=self._static.powers)[:size])
+            chunks.append(_direct(_padded(part), *args,
+                                  powers=self._static.powers)[:part.shape[0]])
         return jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0]
 
     def _far(self, lifted):
@@ -576,8 +573,7 @@ class RBFInterpolator:
         points (M, D)."""
         st, m = self._static, lifted.shape[0]
         k = kernel_for(st.kernel, self.epsilon)
-        padded = jnp.concatenate(
-            [lifted, jnp.broadcast_to(lifted[:1], (_bucket(m) - m, lifted.shape[1]))])
+        padded = _padded(lifted)
         out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
                       family="chebyshev", order=st.order)[:m]
         p = polynomial.monomials((lifted - self._shift) / self._scale,
@@ -587,7 +583,7 @@ class RBFInterpolator:
     def _local(self, x):
         """scipy's `neighbors` evaluation: each point's local interpolant."""
         st, m = self._static, x.shape[0]
-        padded = jnp.concatenate([x, jnp.broadcast_to(x[:1], (_bucket(m) - m, st.dim))])
+        padded = _padded(x)
         idx = local.nearest(self.y, padded, st.neighbors)
         out, ok = _local(padded, self.y, self._values(self.d), self.smoothing,
                          kernel_for(st.kernel, self.epsilon), idx, powers=st.powers)
@@ -637,13 +633,11 @@ def _direct(x, y, shift, scale, c, a, kernel, powers):
 
 
 def _direct_sum(x, y, shift, scale, c, a, kernel, powers, mode):
-    """K(x, y) c + P((x - shift) / scale) a: x (M, D), y (N, D), c (N, S),
-    a (R, S), powers (R, dim) as nested tuples (dim <= D: 1-D points are
-    lifted)."""
-    exponents = np.asarray(powers, np.int64).reshape(a.shape[0], -1)
+    """K(x, y) c + P((x - shift) / scale) a: x (M, dim), y (N, dim), c (N, S),
+    a (R, S), powers (R, dim) as nested tuples (any dim)."""
+    exponents = np.asarray(powers, np.int64).reshape(-1, x.shape[1])
     r2 = jnp.sum((x[:, None, :] - y[None, :, :]) ** 2, axis=-1)
-    p = polynomial.monomials((x[:, :exponents.shape[1]] - shift[:exponents.shape[1]])
-                             / scale[:exponents.shape[1]], exponents)
+    p = polynomial.monomials((x - shift) / scale, exponents)
     return kernel.pair(r2, False)[0] @ c + p @ a
 
 
@@ -708,6 +702,13 @@ def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):
         raise ValueError(f"too few points ({n}) or too little memory for a Nystrom "
                          f"preconditioner of rank {nystrom.BLOCK}")
     return "nystrom", limit, found.largest
+
+
+def _padded(x):
+    """x (m, d) padded with copies of its first row to `_bucket(m)` rows, so
+    that evaluations of other sizes reuse the compiled programs."""
+    m = x.shape[0]
+    return jnp.concatenate([x, jnp.broadcast_to(x[:1], (_bucket(m) - m, x.shape[1]))])
 
 
 def _bucket(m: int) -> int:
