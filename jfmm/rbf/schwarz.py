@@ -145,8 +145,11 @@ def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: i
     subdomain whose local system is singular (degenerate local points)
     gets G = 0: the preconditioner then skips it, and the outer solve's
     residual check still holds. chunk: subdomains factorized at once (None:
-    64, and 1 on the CPU, where jaxlib's batched LU waits on the intra-op
-    thread pool it shares with XLA and can deadlock it)."""
+    256, and 1 on the CPU, where jaxlib's batched LU waits on the intra-op
+    thread pool it shares with XLA and can deadlock it). On an H200 at 10^6
+    points (16,384 subdomains of 512) chunks of 64, 256 and 1,024 took
+    1.75, 0.93 and 0.88 s (linear kernel), the last holding 8.1 GB at peak
+    against 5.1."""
     n, dim = points.shape
     padded = jnp.concatenate([points, jnp.zeros((1, dim), points.dtype)])
     smooth = jnp.concatenate([smoothing, jnp.ones((1,), smoothing.dtype)])
@@ -160,7 +163,7 @@ def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: i
         return jnp.where(jnp.all(jnp.isfinite(g)), g, 0.0)
 
     if chunk is None:
-        chunk = 1 if jax.default_backend() == "cpu" else 64
+        chunk = 1 if jax.default_backend() == "cpu" else 256
     d = ext.shape[0]
     pad = (-d) % chunk
     blocks = jnp.concatenate([ext, jnp.full((pad, m_ext), n, ext.dtype)]).reshape(-1, chunk,
