@@ -356,6 +356,7 @@ def rbf_user(data, docs):
     if found is None:
         return False
     rows = [r for r in found[1] if r.get("points", "uniform") == "uniform"]
+    # the last row of each case and process (rows of later commits follow)
     first = {(r["kernel"], r["n"]): r for r in rows if r["process"] == 0}
     second = {(r["kernel"], r["n"]): r for r in rows if r["process"] == 1}
     cases = sorted(first, key=lambda c: (c[1], c[0]))
@@ -365,7 +366,7 @@ def rbf_user(data, docs):
             ("second constructor", lambda r, c: r["construct_again_s"]),
             ("eager refit", lambda r, c: r["refit_s"]),
             ("evaluate 10^6 points", lambda r, c: r["evaluate_1000000_s"]))
-    fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(11, 4), constrained_layout=True)
     width = 0.8 / len(bars)
     for k, (label, value) in enumerate(bars):
         xs = [i + (k - len(bars) / 2 + 0.5) * width for i in range(len(cases))]
@@ -377,7 +378,7 @@ def rbf_user(data, docs):
     ax.set_xticklabels([f"{kernel}\nN = {n:,}" for kernel, n in cases])
     ax.set(ylabel="seconds", title="RBFInterpolator as a user calls it (float64, residual "
            "1e-6, uniform 3D points)\n" + f"{rows[0]['device']}, jax {rows[0]['jax']}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, docs, "rbf_user.png")
     return True
 
