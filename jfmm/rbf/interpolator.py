@@ -297,10 +297,10 @@ class RBFInterpolator:
                              f"`degree` is {degree} and the number of dimensions is {dim}.")
         if method == "auto":
             method = "dense" if n <= DENSE_MAX else "krylov"
+        if method not in ("dense", "krylov"):
+            raise ValueError(f"method must be 'auto', 'dense' or 'krylov', got {method!r}")
         if neighbors is not None and neighbors < n:
             method = "local"
-        if method not in ("dense", "krylov", "local"):
-            raise ValueError(f"method must be 'auto', 'dense' or 'krylov', got {method!r}")
         if method == "krylov" and dim > 3:
             raise ValueError(f"above {DENSE_MAX} data points (the Krylov solve over FMM "
                              f"sums) y must have 1, 2 or 3 columns, got {dim}; pass "
@@ -442,8 +442,8 @@ class RBFInterpolator:
             values = jnp.concatenate([values.real, values.imag], axis=1)
         return values.astype(self._sites.dtype)
 
-    def _fit(self, d, epsilon, smoothing) -> RBFInterpolator:
-        """fit's solve (traced or under `_fit`'s jit)."""
+    def _solve(self, d, epsilon, smoothing) -> RBFInterpolator:
+        """fit's solve (traced, under `_fit`'s jit)."""
         st = self._static
         new = object.__new__(RBFInterpolator)
         new.__dict__.update(self.__dict__)
@@ -615,6 +615,7 @@ def _unflatten(static, leaves):
 
 jax.tree_util.register_pytree_node(RBFInterpolator, _flatten, _unflatten)
 
+
 def _fit(it, d, epsilon, smoothing):
     """The solve as one compiled program per shapes, settings and backend
     mode, shared by the constructor, eager `fit` calls and every
@@ -623,8 +624,11 @@ def _fit(it, d, epsilon, smoothing):
     return backend.call(_fit_jits, it, d, epsilon, smoothing, mode=backend.current())
 
 
-_fit_jits = backend.jits(lambda it, d, epsilon, smoothing, mode: it._fit(d, epsilon, smoothing),
-                         ("mode",))
+def _solve(it, d, epsilon, smoothing, mode):
+    return it._solve(d, epsilon, smoothing)
+
+
+_fit_jits = backend.jits(_solve, ("mode",))
 
 
 def _direct(x, y, shift, scale, c, a, kernel, powers):
