@@ -355,7 +355,9 @@ def rbf_user(data, docs):
     found = load(data, "rbf_user_gpu.json")
     if found is None:
         return False
-    rows = [r for r in found[1] if r.get("points", "uniform") == "uniform"]
+    device = found[1][0]["device"]            # one card's rows
+    rows = [r for r in found[1] if r.get("points", "uniform") == "uniform"
+            and r["device"] == device]
     # the last row of each case and process (rows of later commits follow)
     first = {(r["kernel"], r["n"]): r for r in rows if r["process"] == 0}
     second = {(r["kernel"], r["n"]): r for r in rows if r["process"] == 1}
