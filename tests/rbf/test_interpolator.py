@@ -366,6 +366,8 @@ def test_scipy_errors_and_warnings(rng):
                              method="krylov", preconditioner="nystrom", rank=0)
     with pytest.raises(ValueError, match="At least 3 data points"):
         jfmm.RBFInterpolator(y, d, neighbors=2)
+    with pytest.raises(ValueError, match="method must be"):
+        jfmm.RBFInterpolator(y, d, method="local")
     with pytest.raises(ValueError, match="`x` must be a 2-dimensional array"):
         jfmm.RBFInterpolator(y, d)(y[:, 0])
     with pytest.raises(ValueError, match="NaN"):

@@ -1,0 +1,43 @@
+"""jfmm's default for JAX's persistent compilation cache (jfmm._cache), in
+a fresh process: the suite's own process has set a folder of its own."""
+import os
+import subprocess
+import sys
+
+import jax
+
+from jfmm import _cache
+
+SCRIPT = """
+import os, sys
+import jax, jfmm
+from jfmm import _cache
+home = os.environ["XDG_CACHE_HOME"]
+assert jax.config.jax_compilation_cache_dir == os.path.join(home, "jfmm", "xla")
+jax.config.update("jax_compilation_cache_dir", None)
+os.environ["JFMM_COMPILATION_CACHE"] = os.path.join(home, "mine")
+assert _cache.folder() == os.path.join(home, "mine")
+for off in ("0", "off", "False"):
+    os.environ["JFMM_COMPILATION_CACHE"] = off
+    assert _cache.folder() is None
+del os.environ["JFMM_COMPILATION_CACHE"]
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(home, "theirs")
+assert _cache.folder() is None
+print("ok")
+"""
+
+
+def test_the_cache_folder_follows_the_environment(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JFMM_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    env.update(XDG_CACHE_HOME=str(tmp_path), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_cache_the_process_set_is_left_alone():
+    """tests/conftest.py sets the suite's folder after importing jfmm:
+    jfmm offers no other."""
+    assert jax.config.jax_compilation_cache_dir is not None
+    assert _cache.folder() is None
