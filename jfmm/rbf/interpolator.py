@@ -506,10 +506,9 @@ class RBFInterpolator:
     def _singular_message(self, points=None) -> str:
         """scipy's message for a singular system on `points` (the data
         points by default)."""
-        points = self.y if points is None else points
-        lo, hi = jnp.min(points, axis=0), jnp.max(points, axis=0)
-        scale = jnp.where(hi > lo, (hi - lo) / 2, 1.0)
-        p = np.asarray(polynomial.monomials((points - (hi + lo) / 2) / scale, self.powers))
+        points = np.asarray(self.y if points is None else points)
+        shift, scale = polynomial.shift_and_scale(points)
+        p = np.asarray(polynomial.monomials((points - shift) / scale, self.powers))
         if p.shape[1] and np.linalg.matrix_rank(p) < p.shape[1]:
             return ("Singular matrix. The matrix of monomials evaluated at the data point "
                     f"coordinates does not have full column rank "
