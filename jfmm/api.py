@@ -61,12 +61,25 @@ def _fmm_eval(sources, charges, targets, kernel, check, config, gradient, mode):
     if config.fallback is not None:
         run = functools.partial(_fmm_eval, sources, charges, targets, kernel,
                                 gradient=gradient, mode=mode)
-        return jax.lax.cond(_configure.series_fit(config, kernel, sources, targets),
-                            lambda: run(check, dataclasses.replace(config, fallback=None)),
+        fits = (_configure.crowded(config, sources, targets) if config.tree == "adaptive"
+                else _configure.series_fit(config, kernel, sources, targets))
+        return jax.lax.cond(fits, lambda: run(check, dataclasses.replace(config, fallback=None)),
                             lambda: run(None, config.fallback))
-    tree = _tree.build(sources, targets, config.depth)
+    if config.tree == "adaptive":
+        tree = _adaptive_tree(sources, targets, config.leaf)
+    else:
+        tree = _tree.build(sources, targets, config.depth)
     return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config, check,
                  gradient, mode)
+
+
+def _adaptive_tree(sources, targets, leaf: int):
+    """The adaptive tree of traced points: capacities from their shapes
+    alone (`adaptive.bounded_capacities`), which hold any points."""
+    n = sources.shape[0] + (0 if targets is None else targets.shape[0])
+    caps = _adaptive.bounded_capacities(n, sources.shape[1], leaf, sources.dtype,
+                                        None if targets is None else targets.shape[0])
+    return _adaptive.build(sources, targets, leaf, caps)
 
 
 def _bind(tree, ops, kernel, charges, config, check, gradient, mode):
@@ -223,10 +236,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         charged = _charged(sources, targets, q, kernel, mesh, *opts[:4], tree)
     config = _configure.resolve_eager(sources, targets, kernel, *opts,     # remembered
                                       charged=charged)
-    config = _configure.choose_tree(config, sources, targets, tree)
+    config = _configure.choose_tree(config, sources, targets, tree, order)
     config = _configure.on_uniform(config, kernel, sources, targets, order,
                                    leaf_size).with_mesh(mesh)
-    if config.tree == "adaptive":
+    if config.tree == "adaptive" and all(_configure.concrete(x) for x in (sources, targets)
+                                         if x is not None):
+        # Concrete points: a tree sized from them, and the order for it.
         pl = _new_plan(sources, targets, kernel, config, order, charged)
         phi, grad, ok = backend.call(_apply_jits, pl, q, gradient=gradient,
                                      mode=backend.current())
@@ -484,7 +499,7 @@ def _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tre
                            tree)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree, charged)
-    config = _configure.choose_tree(config, sources, targets, tree)
+    config = _configure.choose_tree(config, sources, targets, tree, order)
     if fixed:
         config = _configure.on_uniform(config, kernel, sources, targets, order, leaf_size)
     return _new_plan(sources, targets, kernel, config.with_mesh(mesh), order, charged)

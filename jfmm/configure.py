@@ -164,7 +164,7 @@ def _check_tree(tree) -> str:
     return tree
 
 
-def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
+def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None) -> Config:
     """The configuration on the tree `tree` asks for ("auto": adaptive
     where the points crowd the uniform tree, CROWDING). Only the series
     and Chebyshev families with far fields run on adaptive trees (the fast
@@ -188,12 +188,25 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
                              f"families; this call sums with {config.name!r} "
                              f"(depth {config.depth})")
         return config
-    if not all(concrete(x) for x in pts):
+    traced = not all(concrete(x) for x in pts)
+    if traced and config.name == "chebyshev":
+        # Its order is chosen per tree (`on_tree`), which traced points lack.
         if tree == "adaptive":
-            raise ValueError("an adaptive tree is sized from concrete points: make it outside "
-                             "jit with jfmm.plan(..., tree='adaptive') and move its points "
-                             "inside with Plan.update")
+            raise ValueError("tree='adaptive' on traced points serves the Laplace series; "
+                             "for Chebyshev kernels make an adaptive plan outside jit with "
+                             "jfmm.plan(..., tree='adaptive') and move its points inside "
+                             "with Plan.update")
         return config
+    if traced:
+        # A tree of bounded capacities (`adaptive.bounded_capacities`), which
+        # holds any points of these shapes; "auto" takes it at run time where
+        # the points crowd the uniform tree (`jfmm.api`), else the uniform one.
+        adaptive = on_tree(dataclasses.replace(config, tree="adaptive",
+                                               leaf=adaptive_leaf(config, sources, targets)),
+                           None, None, sources, targets, order)
+        if tree == "adaptive":
+            return adaptive
+        return dataclasses.replace(adaptive, fallback=config)
     if tree == "auto":
         # Deep adaptive leaves put float32 Chebyshev gradients out of reach
         # (`chebyshev.gradient_rounding`): those keep the uniform tree.
@@ -204,10 +217,16 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto") -> Config:
             crowded = float(_tree.crowding(sources, targets, config.depth)) > CROWDING
         if not crowded:
             return config
-    count = max(x.shape[0] for x in pts)
+    return dataclasses.replace(config, tree="adaptive",
+                               leaf=adaptive_leaf(config, sources, targets))
+
+
+def adaptive_leaf(config: Config, sources, targets) -> int:
+    """An adaptive tree's leaf size: `ADAPTIVE_LEAF` times the mean points
+    per leaf of the uniform tree of the configuration's depth."""
+    count = max(x.shape[0] for x in [sources] + ([] if targets is None else [targets]))
     factor = ADAPTIVE_LEAF["float64" if sources.dtype == jnp.float64 else "float32"]
-    leaf = max(8, factor * -(-count // 2 ** (sources.shape[1] * config.depth)))
-    return dataclasses.replace(config, tree="adaptive", leaf=leaf)
+    return max(8, factor * -(-count // 2 ** (sources.shape[1] * config.depth)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -454,6 +473,14 @@ def _core_config(kernel, eps: float, order, gradient: bool, sources, targets,
     while depth >= 2 and side / 2 ** depth < reach:
         depth -= 1
     return Config(laplace3d, choice.order, depth, eps, gradient, reach=reach)
+
+
+def crowded(config: Config, sources, targets):
+    """Whether traced points crowd the uniform tree of the fallback's depth
+    (`jfmm.tree.crowding` above CROWDING): where an adaptive configuration
+    with a uniform fallback takes its adaptive tree. A traced bool."""
+    pts = jax.lax.stop_gradient((sources, targets))
+    return _tree.crowding(*pts, config.fallback.depth) > CROWDING
 
 
 def series_fit(config: Config, kernel, sources, targets):

@@ -166,6 +166,45 @@ def _blocks(tree: adaptive.AdaptiveTree, level: int, busy):
     return owner, jnp.where(first < total, (first - off) // ways, (end - off) // ways)
 
 
+def _until(count, total: int, chunk: int, body, init):
+    """body(start, acc) for start = 0, chunk, ... below count (traced) and
+    total (static, a multiple of chunk): a loop that stops at the work
+    there is, where bounded capacities (`adaptive.bounded_capacities`)
+    hold far more than most points need."""
+    assert total % chunk == 0
+
+    def step(carry):
+        i, acc = carry
+        return i + 1, body(i * chunk, acc)
+
+    def more(carry):
+        return (carry[0] * chunk < count) & (carry[0] < total // chunk)
+
+    return jax.lax.while_loop(more, step, (jnp.zeros((), jnp.int32), init))[1]
+
+
+def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f):
+    """f(tree) (a pytree of sums) over the W (name "w") or X ("x") work
+    list: at once, or on a bounded tree in chunks up to the list's count."""
+    if not tree.caps.bounded:
+        return f(tree)
+    tile, pos = getattr(tree, name + "_tile"), getattr(tree, name + "_pos")
+    sentinel = adaptive.far_tiles(tree.tgt_start if name == "w" else tree.src_start,
+                                  n_points)[0].shape[0]
+    count = jnp.sum(tile < sentinel, dtype=jnp.int32)
+    chunk = adaptive.FAR_CHUNK
+
+    def part(start):
+        cut = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk)   # noqa: E731
+        return f(dataclasses.replace(tree, caps=tree.caps._replace(**{name: chunk}),
+                                     **{name + "_tile": cut(tile), name + "_pos": cut(pos)}))
+
+    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                   jax.eval_shape(part, 0))
+    return _until(count, tile.shape[0], chunk,
+                  lambda start, acc: jax.tree_util.tree_map(jnp.add, acc, part(start)), zeros)
+
+
 def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, side,
                     mode: str, combine=None):
     """Multipoles of every box (B, K, P): P2M at the leaves, M2M up to level
@@ -188,14 +227,15 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
     m2l(grouped, cols, mats): `backend.m2l_blocks` in its place (a device's
     share of it, `jfmm.distributed`); combine: applied to the X lists'
     locals (see `upward`)."""
-    loc = backend.far_p2l(family, kernel, tree, q_sorted, p, mult, mode)
+    loc = _far_list(tree, "x", tree.src_sorted.shape[0],
+                    lambda t: backend.far_p2l(family, kernel, t, q_sorted, p, mult, mode))
     loc = loc if combine is None else combine(loc)
     ways, total = 2 ** tree.dim, tree.n_boxes
     levels = [lv for lv in range(2, tree.depth + 1) if tree.level_blocks(lv).shape[0]]
     tables = [tree.level_blocks(lv) for lv in levels]    # the blocks with targets under them
     blocks = [_blocks(tree, lv, b) for lv, b in zip(levels, tables)]
     far = adaptive_m2l(tree, mult, family, ops, kernel, p, mode, levels,
-                       [cols for _, cols in blocks], m2l)
+                       [cols for _, cols in blocks], m2l, tables)
     for level, busy, (owner, _), got in zip(levels, tables, blocks, far):
         off, end = tree.offsets[level], tree.offsets[level + 1]
         if level > 2:                   # levels below 2 hold no locals
@@ -209,8 +249,31 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
     return loc
 
 
+def _busy_only(run, rows, busy, sentinel: int):
+    """run(rows) (t 2^d, K, P) for the rows (t, 3^d) marked busy (t,)
+    alone, zeros elsewhere: the busy rows gathered to the front and run in
+    chunks up to their count (`_until`)."""
+    t = rows.shape[0]
+    chunk = adaptive.FAR_CHUNK
+    size = -(-t // chunk) * chunk
+    order, count = adaptive.first_true(busy, size)           # t where none
+    packed = jnp.take(rows, order, axis=0, mode="fill", fill_value=sentinel)
+    ways = jax.eval_shape(run, packed[:chunk]).shape[0] // chunk
+
+    def part(start, acc):
+        got = run(jax.lax.dynamic_slice_in_dim(packed, start, chunk))
+        return jax.lax.dynamic_update_slice_in_dim(acc, got, start * ways, 0)
+
+    shape = jax.eval_shape(run, packed[:chunk])
+    out = _until(count, size, chunk, part,
+                 jnp.zeros((size * ways,) + shape.shape[1:], shape.dtype))
+    dest = (order[:, None] * ways + jnp.arange(ways, dtype=order.dtype)).reshape(-1)
+    return jnp.zeros((t * ways,) + shape.shape[1:], shape.dtype).at[dest].set(
+        out, mode="drop", unique_indices=True)
+
+
 def adaptive_m2l(tree: adaptive.AdaptiveTree, mult, family, ops, kernel: kernels.Kernel,
-                 p: int, mode: str, levels, cols, m2l=None):
+                 p: int, mode: str, levels, cols, m2l=None, busy_of=None):
     """M2L into the busy blocks of `levels`: for each level, (t 2^d, K, P)
     locals of its t blocks (`tree.level_blocks`), whose colleagues'
     children are the blocks `cols` (t, 3^d) of that level (nblk where
@@ -240,8 +303,15 @@ def adaptive_m2l(tree: adaptive.AdaptiveTree, mult, family, ops, kernel: kernels
             rows.append(jnp.where(cols[i] < (end - off) // ways, cols[i] + (off - first) // ways,
                                   grouped.shape[0]))
         rows = jnp.concatenate(rows)
-        got = (backend.m2l_blocks(grouped, rows, mats, tree.dim, mode) if m2l is None
-               else m2l(grouped, rows, mats))
+        run = ((lambda r: backend.m2l_blocks(grouped, r, mats, tree.dim, mode)) if m2l is None
+               else (lambda r: m2l(grouped, r, mats)))
+        if tree.caps.bounded:
+            busy = jnp.concatenate([busy_of[i] < (tree.offsets[levels[i] + 1]
+                                                  - tree.offsets[levels[i]]) // ways
+                                    for i in members])
+            got = _busy_only(run, rows, busy, grouped.shape[0])
+        else:
+            got = run(rows)
         if basis is not None:
             got = jnp.einsum("bke,eq->bkq", got, basis, precision=translate.HIGHEST)
         sizes = [ways * cols[i].shape[0] for i in members]
@@ -265,7 +335,8 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     u = (tree.tgt_sorted - tree.center[leaf]) / side[leaf][:, None]
     coef = family.l2p_coefficients(loc, p, gradient)
     lphi, lgrad = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode)
-    wphi, wgrad = backend.far_m2p(family, kernel, tree, mult, p, gradient, mode)
+    wphi, wgrad = _far_list(tree, "w", tree.tgt_sorted.shape[0],
+                            lambda t: backend.far_m2p(family, kernel, t, mult, p, gradient, mode))
     phi = phi + lphi + wphi
     grad = grad + lgrad + wgrad if gradient else None
     return phi, grad

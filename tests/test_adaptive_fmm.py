@@ -156,8 +156,9 @@ def test_derivatives_on_an_adaptive_plan(rng):
 
 def test_the_tree_auto_chooses(rng, monkeypatch):
     """"auto": adaptive where the points crowd the uniform tree, uniform on
-    uniform points and for traced points; tree="adaptive" needs concrete
-    points and a tree family."""
+    uniform points, for concrete and traced points alike (traced: chosen
+    at run time); tree="adaptive" needs a tree family, and on traced
+    points the Laplace series."""
     crowded, even = scales(1000, rng, 3, 3), points("cube", 1000, rng, 3)
     opts = dict(eps=1e-4, leaf_size=2)              # depth 3
     # At depth 3 crowding stays below 8^3 / 3^3 = 19 (all points in one
@@ -169,10 +170,17 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
     q = charges(1000, rng)
     phi = jfmm.fmm(crowded, q, **opts)                        # eager: adaptive
     assert rel(phi, radial_reference(K.Laplace3D(), crowded, q, gradient=False)[0]) <= 1e-4
-    traced = jax.jit(lambda a: jfmm.fmm(a, q, **opts))       # traced: uniform, no capacity
-    assert rel(traced(crowded), phi) <= 2e-4
-    with pytest.raises(ValueError, match="sized from concrete points"):
-        jax.jit(lambda a: jfmm.fmm(a, q, tree="adaptive", **opts))(crowded)
+    traced = jax.jit(lambda a, tree: jfmm.fmm(a, q, tree=tree, **opts), static_argnums=1)
+    adaptive_phi = traced(crowded, "adaptive")                # bounded capacities
+    assert rel(adaptive_phi, phi) <= 2e-4
+    # the same sums as the tree named (rounding apart), not the other's
+    assert rel(traced(crowded, "auto"), adaptive_phi) < 1e-13 < rel(traced(crowded, "uniform"),
+                                                                      adaptive_phi)
+    assert rel(traced(even, "auto"), traced(even, "uniform")) < 1e-13 < rel(
+        traced(even, "adaptive"), traced(even, "uniform"))
+    with pytest.raises(ValueError, match="serves the Laplace series"):
+        jax.jit(lambda a: jfmm.fmm(a, q, kernel=K.InverseMultiquadric(1.0), tree="adaptive",
+                                   **opts))(crowded)
     with pytest.raises(ValueError, match="tree must be one of"):
         jfmm.plan(crowded, tree="octree")
     gauss = jfmm.plan(crowded, kernel=K.Gaussian(3.0), eps=1e-4, family="hermite")

@@ -98,6 +98,19 @@ MAX_LEVEL = 30
 FAR_TILE = 16
 # Capacities leave this much room for points that move (`Plan.update`).
 SLACK = 1.125
+# Capacities from sizes alone (`bounded_capacities`): splits per level per
+# leaf of points, and levels below the depth of evenly spread points.
+# Clustered sets at 2^20 split at most 0.22 (Plummer) and 0.38 (five
+# clusters) per leaf of points at a level, 13 and 14 levels deep where even
+# points take 4.
+BOUNDED_ROOM = 0.5
+BOUNDED_LEVELS = 10
+# ... plus the splits that balance makes around this many crowded boxes
+# (each splits its 3^d colleagues' parents): what small sets need most.
+BOUNDED_CLUSTERS = 8
+# Entries of the W and X work lists, M2L blocks, per step of a loop that
+# stops at their count (bounded capacities hold every case, most unused).
+FAR_CHUNK = 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -161,12 +174,15 @@ class Capacities(NamedTuple):
     levels, slots per level (each a multiple of 2^d); w and x, the pairs of
     the W and X work lists (`far_pairs`) for targets and sources;
     tgt_blocks and src_blocks, per level, the blocks of siblings with
-    targets (sources) under them (`busy_blocks`). None: not sized yet."""
+    targets (sources) under them (`busy_blocks`). None: not sized yet.
+    bounded: sized from the shapes alone (`bounded_capacities`): levels
+    out of room leave larger leaves, and the lists hold every case."""
     levels: tuple
     w: int | None = None
     x: int | None = None
     tgt_blocks: tuple | None = None
     src_blocks: tuple | None = None
+    bounded: bool = False
 
 
 @functools.partial(
@@ -320,18 +336,27 @@ def _level_step(state, l, leaf_size, cap_next):
     state: box (P,) int32 local box of each point at level l, -1 once in a
     leaf; kind (P,) bool source; q (P, d) coordinates in [0, 1), the points
     in Morton order (`_morton_order`); deepest () the deepest level; valid
-    (C,), colleagues (C, 3^d) local (sentinel C). cap_next: slots of level
-    l + 1 (static; l may be traced). Returns split (C,), first_child (C,)
-    local at l + 1 (sentinel cap_next), the next level's valid, parent
-    (local at l), colleagues, the points' boxes, and the number of children
-    made.
+    (C,), colleagues (C, 3^d) local (sentinel C); gap (C, 3^d) bool, the
+    colleague positions inside the root box that hold no box (a coarser
+    leaf: only where an earlier level ran out of room). cap_next: slots of
+    level l + 1 (static; l may be traced). Returns split (C,), first_child
+    (C,) local at l + 1 (sentinel cap_next), the next level's valid, parent
+    (local at l), colleagues and gap, the points' boxes, the number of
+    children made, and the number the rule asked for.
+
+    Room. A box with a gap among its colleagues does not split (its
+    children would touch a leaf two levels coarser), and where the rule
+    splits more boxes than cap_next holds, those whose neighbourhood holds
+    the most points in one child split first: a level out of room leaves
+    larger leaves, never an unbalanced tree, so a tree of any capacities
+    holds any points (`bounded_capacities`).
 
     In Morton order each child's points are one run of equal level-(l+1)
     coordinates, so a child's counts are differences of prefix sums at its
     run's ends, and its points are apart where the run's first and last
     differ: one write per run, where reductions over each child's points
     would pile a GPU's atomics onto the few crowded children."""
-    box, is_src, q, deepest, valid, coll = state
+    box, is_src, q, deepest, valid, coll, gap = state
     n_box, (n, d) = valid.shape[0], q.shape
     ways = 2 ** d
     cells = jnp.left_shift(1, jnp.minimum(l + 1, 30))       # per axis at level l + 1
@@ -359,9 +384,18 @@ def _level_step(state, l, leaf_size, cap_next):
     # Coincident points cannot be separated: a box of them does not count as full.
     apart = jnp.any(apart_c, axis=1) | (jnp.sum((cs + ct) > 0, axis=1) > 1)
     full = (jnp.maximum(cs.sum(1), ct.sum(1)) > leaf_size) & apart
-    full_child = jnp.any((jnp.maximum(cs, ct) > leaf_size) & apart_c, axis=1)
-    full_child = jnp.concatenate([full_child, jnp.zeros(1, bool)])
-    split = valid & (l < deepest) & (full | jnp.any(full_child[coll], axis=1))
+    crowd = jnp.max(jnp.where(apart_c, jnp.maximum(cs, ct), 0), axis=1)     # (C,)
+    crowd = jnp.concatenate([crowd, jnp.zeros(1, crowd.dtype)])
+    split = valid & (l < deepest) & (full | jnp.any(crowd[coll] > leaf_size, axis=1))
+    split = split & ~jnp.any(gap, axis=1)
+    asked = ways * jnp.sum(split, dtype=jnp.int32)
+    room_for = cap_next // ways
+    if room_for == 0:
+        split = jnp.zeros_like(split)
+    elif room_for < n_box:          # the most crowded neighbourhoods first
+        score = jnp.where(split, jnp.max(crowd[coll], axis=1), -1)
+        _, keep = jax.lax.top_k(score, room_for)
+        split = split & jnp.zeros(n_box, bool).at[keep].set(True)
     made = ways * jnp.sum(split, dtype=jnp.int32)
     cap = cap_next
     first = ways * (jnp.cumsum(split, dtype=jnp.int32) - 1)
@@ -379,11 +413,14 @@ def _level_step(state, l, leaf_size, cap_next):
     pc = coll_ext[parent[:, None], jp[c]]                 # the parent's colleague
     nxt_coll = jnp.where(first_ext[pc] < cap, first_ext[pc] + cc[c], cap)
     nxt_coll = jnp.where(nxt_valid[:, None], nxt_coll, cap)
+    gap_ext = jnp.concatenate([gap, jnp.zeros((1, gap.shape[1]), bool)])
+    nxt_gap = gap_ext[parent[:, None], jp[c]] | ((pc < n_box) & (first_ext[pc] >= cap))
+    nxt_gap = nxt_gap & nxt_valid[:, None]
     split_ext = jnp.concatenate([split, jnp.zeros(1, bool)])
     goes_on = active & split_ext[jnp.where(active, box, n_box)]
     nxt_box = jnp.where(goes_on, first_ext[jnp.where(active, box, n_box)] + slot, -1)
-    nxt_box = jnp.where(nxt_box < cap, nxt_box, -1)      # dropped by an overflow
-    return split, first, nxt_valid, parent, nxt_coll, nxt_box, made
+    nxt_box = jnp.where(nxt_box < cap, nxt_box, -1)
+    return split, first, nxt_valid, parent, nxt_coll, nxt_gap, nxt_box, made, asked
 
 
 def _morton_order(q, levels: int):
@@ -418,7 +455,7 @@ def _root_state(sources, targets):
     is_src = perm < sources.shape[0]
     root_coll = jnp.where(jnp.arange(3 ** d) == lists.self_slot(d), 0, 1).astype(jnp.int32)
     return lo, side, perm, (jnp.zeros(q.shape[0], jnp.int32), is_src, q[perm], deepest,
-                            jnp.ones(1, bool), root_coll[None])
+                            jnp.ones(1, bool), root_coll[None], jnp.zeros((1, 3 ** d), bool))
 
 
 _step = jax.jit(_level_step, static_argnums=(2, 3))
@@ -427,34 +464,36 @@ _step = jax.jit(_level_step, static_argnums=(2, 3))
 @functools.partial(jax.jit, static_argnums=(1,))
 def _trim(step, size_next: int):
     """A `_level_step` result with its next level cut to size_next slots."""
-    split, first, valid, parent, coll, box, made = step
+    split, first, valid, parent, coll, gap, box, made, asked = step
     coll = coll[:size_next]
     return (split, jnp.where(first < size_next, first, size_next), valid[:size_next],
             parent[:size_next], jnp.where(coll >= size_next, size_next, coll),
-            jnp.where(box < size_next, box, -1), made)
+            gap[:size_next], jnp.where(box < size_next, box, -1), made, asked)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _padded(level_state, size: int):
-    """A level's (valid, colleagues) with slots up to `size` (invalid
+    """A level's (valid, colleagues, gap) with slots up to `size` (invalid
     boxes; the sentinel moved to size)."""
-    valid, coll = level_state
+    valid, coll, gap = level_state
     cap = valid.shape[0]
     coll = jnp.where(coll >= cap, size, coll)
     return (jnp.concatenate([valid, jnp.zeros(size - cap, bool)]),
-            jnp.concatenate([coll, jnp.full((size - cap, coll.shape[1]), size, coll.dtype)]))
+            jnp.concatenate([coll, jnp.full((size - cap, coll.shape[1]), size, coll.dtype)]),
+            jnp.concatenate([gap, jnp.zeros((size - cap, gap.shape[1]), bool)]))
 
 
 def _padded_step(state, l, leaf_size: int):
     """`_level_step` of level l with its slots padded to a power of two, and
     2^d child slots each (few sizes compile, shared by the sizing and every
     build)."""
-    box, is_src, q, deepest, valid, coll = state
+    box, is_src, q, deepest, valid, coll, gap = state
     cap = valid.shape[0]
     size = 1 << (cap - 1).bit_length()
     if size != cap:
-        valid, coll = _padded((valid, coll), size)
-    return _step((box, is_src, q, deepest, valid, coll), l, leaf_size, 2 ** q.shape[1] * size)
+        valid, coll, gap = _padded((valid, coll, gap), size)
+    return _step((box, is_src, q, deepest, valid, coll, gap), l, leaf_size,
+                 2 ** q.shape[1] * size)
 
 
 def _step_at(state, l, leaf_size: int, cap_next: int, step=None):
@@ -462,8 +501,8 @@ def _step_at(state, l, leaf_size: int, cap_next: int, step=None):
     cap_next slots and this level's results to its own."""
     cap = state[4].shape[0]
     step = _padded_step(state, l, leaf_size) if step is None else step
-    split, first, nvalid, nparent, ncoll, nbox, made = _trim(step, cap_next)
-    return split[:cap], first[:cap], nvalid, nparent, ncoll, nbox, made
+    split, first, nvalid, nparent, ncoll, ngap, nbox, made, asked = _trim(step, cap_next)
+    return split[:cap], first[:cap], nvalid, nparent, ncoll, ngap, nbox, made, asked
 
 
 def room(count: int, multiple: int = 1) -> int:
@@ -492,9 +531,40 @@ def _level_capacities(sources, targets, leaf_size: int) -> tuple:
         if made == 0:
             return tuple(caps)
         caps.append(min(room(made, ways), ways * caps[-1]))     # no more than can be made
-        _, _, valid, _, coll, box, _ = _step_at(state, l, leaf_size, caps[-1], step)
-        state = (box, state[1], state[2], state[3], valid, coll)
+        _, _, valid, _, coll, gap, box, _, _ = _step_at(state, l, leaf_size, caps[-1], step)
+        state = (box, state[1], state[2], state[3], valid, coll, gap)
         l += 1
+
+
+def bounded_capacities(n_points: int, dim: int, leaf_size: int, dtype,
+                       n_targets: int | None = None) -> Capacities:
+    """Capacities from the sizes alone, which hold any points (a traced
+    call's tree): `BOUNDED_ROOM` x n_points / leaf_size splits per level
+    (plus `BOUNDED_CLUSTERS` x 3^d), down to `BOUNDED_LEVELS` below the depth at which even points would
+    fill the leaves (and no deeper than the dtype's exact centres allow),
+    every block of siblings in the M2L tables, and W and X work lists of
+    every (tile, colleague) pair. A build with them splits the most
+    crowded boxes first where a level runs out of room (`_level_step`).
+    n_points: sources and targets together; n_targets: the targets where
+    they are not the sources (None)."""
+    ways = 2 ** dim
+    per_level = ways * (math.ceil(BOUNDED_ROOM * n_points / leaf_size)
+                        + BOUNDED_CLUSTERS * 3 ** dim)
+    even = max(0, math.ceil(math.log(max(n_points / leaf_size, 1.0), ways)))
+    exact = jnp.finfo(dtype).nmant - 2
+    levels = [1]
+    for _ in range(min(MAX_LEVEL, exact, even + BOUNDED_LEVELS)):
+        levels.append(min(ways * levels[-1], per_level))
+    blocks = tuple(0 if level < 2 else size // ways for level, size in enumerate(levels))
+    n_src = n_points - (n_targets or 0)
+
+    def pairs(n):              # (tile, colleague) pairs, a whole number of chunks
+        count = tiles.tile_count(n, sum(levels), FAR_TILE)
+        return tiles.round_up(count * 3 ** dim, FAR_CHUNK)
+
+    w = pairs(n_targets or n_src)
+    return Capacities(tuple(levels), w, w if n_targets is None else pairs(n_src), blocks,
+                      blocks, bounded=True)
 
 
 def capacities(sources, targets, leaf_size: int) -> Capacities:
@@ -536,12 +606,15 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     overflow = jnp.zeros((), bool)
     for l, cap in enumerate(caps.levels):
         cap_next = caps.levels[l + 1] if l + 1 < len(caps.levels) else 0
-        step = _step_at(state, l, leaf_size, cap_next)
-        split, first, nvalid, nparent, ncoll, nbox, made = step
-        overflow = overflow | (made > cap_next)
+        if caps.bounded:                # room by the most crowded first: never overflows
+            step = _level_step(state, l, leaf_size, cap_next)
+        else:                           # the compiled steps the sizing ran
+            step = _step_at(state, l, leaf_size, cap_next)
+            overflow = overflow | (step[-1] > cap_next)
+        split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = step
         leaf_of = _settle(leaf_of, state[0], split, offsets[l])
         steps.append((state[4], state[5], split, first, nparent))
-        state = (nbox, state[1], state[2], state[3], nvalid, ncoll)
+        state = (nbox, state[1], state[2], state[3], nvalid, ncoll, ngap)
     leaf_of = jnp.zeros_like(leaf_of).at[perm].set(leaf_of, unique_indices=True)   # input order
     tree = _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size, caps.levels)
     return tree if caps.w is None else work_lists(tree, caps)
@@ -754,11 +827,11 @@ def far_pairs(tree: AdaptiveTree, start, n_points: int, cap: int):
     of that leaf, padded with (tile count, 0); and how many there are."""
     mask = _far_mask(tree, start, n_points)
     width = mask.shape[1]
-    flat, count = _first_true(mask.reshape(-1), cap)
+    flat, count = first_true(mask.reshape(-1), cap)
     return flat // width, flat % width, count
 
 
-def _first_true(mask, cap: int):
+def first_true(mask, cap: int):
     """The indices (cap,) int32 of the first `cap` True entries of mask (n,)
     (n after them) and how many there are. A prefix sum ranks the entries
     and each is written to its own slot: `jnp.nonzero` with a size counts
@@ -788,7 +861,7 @@ def busy_blocks(tree: AdaptiveTree, start, caps: tuple):
     with caps[l] entries at level l, and whether a level needs more."""
     found, short = [], jnp.zeros((), bool)
     for mask, cap in zip(_busy_masks(tree, start), caps):
-        idx, count = _first_true(mask, cap)
+        idx, count = first_true(mask, cap)
         found.append(idx)
         short = short | (count > cap)
     return jnp.concatenate(found), short

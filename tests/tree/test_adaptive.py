@@ -249,10 +249,10 @@ def test_morton_order_makes_every_level_a_run(dim, rng):
 @pytest.mark.parametrize("n, cap, share", [(1, 3, 0.0), (1, 3, 1.0), (200, 5, 0.1),
                                            (200, 50, 0.1), (200, 300, 0.5), (64, 64, 1.0)])
 def test_first_true_is_nonzero_with_a_size(n, cap, share, rng):
-    """`_first_true` (the work lists' compaction): the first `cap` True
+    """`first_true` (the work lists' compaction): the first `cap` True
     indices, n after them, and the full count, as np.flatnonzero has them."""
     mask = rng.random(n) < share
-    out, count = adaptive._first_true(jax.numpy.asarray(mask), cap)
+    out, count = adaptive.first_true(jax.numpy.asarray(mask), cap)
     want = np.full(cap, n)
     hits = np.flatnonzero(mask)[:cap]
     want[:len(hits)] = hits
