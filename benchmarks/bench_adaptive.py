@@ -24,7 +24,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import Table, floats, make_points, median_time, parser, reference, rel, sample
+from common import (Table, first_time, floats, make_points, median_time, parser, reference,
+                    rel, sample)
 
 import jfmm
 from jfmm import configure, passes
@@ -72,6 +73,57 @@ def pass_times(pl, q, repeats):
                 l2p_ms=ms(jax.jit(evaluate), t, loc), m2p_ms=ms(w_list, t, mult))
 
 
+JIT_COLUMNS = [
+    ("points", "points", ""), ("n", "N", ","), ("dtype", "dtype", ""), ("eps", "eps", "g"),
+    ("tree", "jit tree", ""), ("eager_ms", "eager ms", ".2f"),
+    ("jit_ms", "jit ms", lambda r: f"**{r['jit_ms']:.2f}**"), ("jit_s", "jit compile s", ".1f"),
+    ("build_ms", "tree ms", ".2f"), ("grad_ms", "jit(grad) ms", ".2f"),
+    ("grad_s", "jit(grad) compile s", ".1f"), ("err_phi", "err phi", ".2e"),
+    ("err_grad", "err grad", ".2e"), ("err_force", "err dE/dx", ".2e"),
+]
+
+
+def jit_rows(args, dtype, rng):
+    """The calls users write: eager `jfmm.fmm`, `jax.jit` of it and
+    `jax.jit(jax.grad(energy))` with respect to the points, per point set
+    (medians after compilation; the first call of each jitted function
+    timed apart; "tree ms" the traced call's tree alone)."""
+    table = Table(f"3D Laplace under jax.jit, potential and gradient, {args.dtype}", JIT_COLUMNS)
+    for k in (int(v) for v in args.sizes.split(",")):
+        n = 2 ** k
+        for eps in floats(args.eps):
+            call = jax.jit(lambda x, q: jfmm.fmm(x, q, eps=eps, gradient=True))
+            force = jax.jit(jax.grad(lambda x, q: 0.5 * jnp.sum(q * jfmm.fmm(x, q, eps=eps))))
+            for kind in args.kinds.split(","):
+                x64, q64 = make_points(kind, n, rng), rng.random(n) - 0.5
+                x, q = jnp.asarray(x64, dtype), jnp.asarray(q64, dtype)
+                idx = sample(rng, n)
+                xr, qr = np.asarray(x, np.float64), np.asarray(q, np.float64)
+                ref, gref = reference(xr, qr, xr[idx])
+                cfg = configure.choose_tree(configure.resolve_eager(
+                    x, None, jfmm.kernels.Laplace3D(), eps, None, None, None, True), x, None)
+                crowd = float(crowding(x, None, cfg.depth))
+                (phi, grad), jit_s = first_time(call, x, q)
+                dx, grad_s = first_time(force, x, q)
+                tree = jax.jit(lambda a: jfmm.api._adaptive_tree(a, None, cfg.leaf))
+                row = dict(points=kind, n=n, dtype=args.dtype, eps=eps,
+                           tree=("adaptive" if crowd > configure.CROWDING else "uniform")
+                           + f" ({crowd:.0f})",
+                           eager_ms=1e3 * median_time(lambda a, c: jfmm.fmm(a, c, eps=eps,
+                                                                            gradient=True),
+                                                      x, q, repeats=args.repeats),
+                           jit_ms=1e3 * median_time(call, x, q, repeats=args.repeats),
+                           jit_s=jit_s,
+                           grad_ms=1e3 * median_time(force, x, q, repeats=args.repeats),
+                           grad_s=grad_s, err_phi=rel(np.asarray(phi)[idx], ref),
+                           err_grad=rel(np.asarray(grad)[idx], gref),
+                           err_force=rel(np.asarray(dx)[idx], qr[idx, None] * gref))
+                if cfg.tree == "adaptive":
+                    row["build_ms"] = 1e3 * median_time(tree, x, repeats=args.repeats)
+                table.add(row)
+                table.save(args.out)
+
+
 def main():
     ap = parser(__doc__)
     ap.add_argument("--sizes", default="20", help="log2 N, comma-separated")
@@ -85,6 +137,8 @@ def main():
     ap.add_argument("--adaptive-leaf", type=int, default=None,
                     help="leaf capacity over the uniform tree's mean occupancy "
                          "(configure.ADAPTIVE_LEAF)")
+    ap.add_argument("--jit", action="store_true", help="the calls users write: eager, "
+                    "jax.jit and jax.jit(jax.grad) of jfmm.fmm (`jit_rows`)")
     args = ap.parse_args()
     if args.adaptive_leaf:
         configure.ADAPTIVE_LEAF = dict.fromkeys(configure.ADAPTIVE_LEAF, args.adaptive_leaf)
@@ -92,6 +146,8 @@ def main():
     if dtype == np.float64:
         jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(args.seed)
+    if args.jit:
+        return jit_rows(args, dtype, rng)
     table = Table(f"3D Laplace, uniform and adaptive trees, {args.dtype}", COLUMNS)
     total = jax.jit(lambda pl, x, q: pl.update(x).apply(q, gradient=True))
     build = jax.jit(lambda pl, x: pl.update(x).tree)
