@@ -55,7 +55,8 @@ def pass_times(pl, q, repeats):
     up = jax.jit(lambda t, c, o: passes.adaptive_upward(t, c, fam, o, p, t.box_side(t.level),
                                                         mode))
     mult = up(t, qs, ops)
-    x_list = jax.jit(lambda t, c, m: backend.far_p2l(fam, kern, t, c, p, m, mode))
+    x_list = jax.jit(lambda t, c, m: passes._far_list(
+        t, "x", t.src_sorted.shape[0], lambda s: backend.far_p2l(fam, kern, s, c, p, m, mode)))
     down = jax.jit(lambda t, m, c, o: passes.adaptive_downward(t, m, c, fam, o, kern, p, mode))
     loc = down(t, mult, qs, ops)
 
@@ -66,7 +67,8 @@ def pass_times(pl, q, repeats):
         coef = fam.l2p_coefficients(lc, p, True)
         return backend.l2p(fam, u, coef, t.tgt_start, leaf, side, p, True, mode)
 
-    w_list = jax.jit(lambda t, m: backend.far_m2p(fam, kern, t, m, p, True, mode))
+    w_list = jax.jit(lambda t, m: passes._far_list(
+        t, "w", t.tgt_sorted.shape[0], lambda s: backend.far_m2p(fam, kern, s, m, p, True, mode)))
     ms = lambda f, *a: 1e3 * median_time(f, *a, repeats=repeats)     # noqa: E731
     return dict(near_ms=ms(near, t, qs), up_ms=ms(up, t, qs, ops),
                 p2l_ms=ms(x_list, t, qs, mult), down_ms=ms(down, t, mult, qs, ops),
