@@ -102,9 +102,10 @@ SLACK = 1.125
 # leaf of points, and levels below the depth of evenly spread points.
 # Clustered sets at 2^20 split at most 0.22 (Plummer) and 0.38 (five
 # clusters) per leaf of points at a level, 13 and 14 levels deep where even
-# points take 4.
-BOUNDED_ROOM = 0.5
-BOUNDED_LEVELS = 10
+# points take 5 (docs/BENCHMARKS.md, "Adaptive trees under jit"). Every
+# slot costs time whether used or not (near-field and L2P tiles, M2M).
+BOUNDED_ROOM = 0.3
+BOUNDED_LEVELS = 9
 # ... plus the splits that balance makes around this many crowded boxes
 # (each splits its 3^d colleagues' parents): what small sets need most.
 BOUNDED_CLUSTERS = 8
