@@ -2,6 +2,8 @@
 family on clustered, degenerate and mixed point sets, the counting FMM,
 capacities that overflow under Plan.update, derivatives, and the choice
 between uniform and adaptive trees."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -185,3 +187,98 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
         jfmm.plan(crowded, tree="octree")
     gauss = jfmm.plan(crowded, kernel=K.Gaussian(3.0), eps=1e-4, family="hermite")
     assert gauss.config.tree == "uniform"                    # the transform keeps its grid
+
+
+# Traced points: trees of bounded capacities (`adaptive.bounded_capacities`).
+
+def coincident_but_few(n, rng, dim):
+    """Nine in ten points at one place, the rest in the unit cube."""
+    x = np.tile(rng.random(dim), (n, 1))
+    x[: n // 10] = rng.random((n // 10, dim))
+    return x
+
+
+def one_far_outlier(n, rng, dim):
+    x = rng.random((n, dim))
+    x[0] = 1e6
+    return x
+
+
+def twenty_decades(n, rng, dim):
+    """Radii spread over 10^-10 .. 10^10 in random directions."""
+    v = rng.normal(size=(n, dim))
+    return v / np.linalg.norm(v, axis=1, keepdims=True) * 10.0 ** rng.uniform(-10, 10, (n, 1))
+
+
+WORST = {"coincident": coincident_but_few, "outlier": one_far_outlier,
+         "line": lambda n, r, d: flat(n, r, d, 1), "decades": twenty_decades,
+         "scales": scales}
+
+
+@pytest.mark.parametrize("dtype,eps", [(np.float64, 1e-6), (np.float32, 1e-4)])
+@pytest.mark.parametrize("room", ["sized", "scarce"])
+def test_traced_points_on_bounded_trees(dtype, eps, room, rng, monkeypatch):
+    """jit(fmm) on a tree sized from the shapes alone: worst-case point sets
+    within eps of the float64 numpy sum, with the default room and with so
+    little ("scarce": levels run out, the most crowded boxes split first,
+    larger leaves remain) that every set overflows eager capacities."""
+    if room == "scarce":
+        monkeypatch.setattr(adaptive, "BOUNDED_ROOM", 0.02)
+        monkeypatch.setattr(adaptive, "BOUNDED_LEVELS", 2)
+        monkeypatch.setattr(adaptive, "BOUNDED_CLUSTERS", 0)
+    call = jax.jit(lambda a, c: jfmm.fmm(a, c, eps=eps, gradient=True, tree="adaptive",
+                                          leaf_size=4))
+    for name, make in WORST.items():
+        x, q = make(600, rng, 3).astype(dtype), charges(600, rng).astype(dtype)
+        phi, grad = call(x, q)
+        ref, gref = radial_reference(K.Laplace3D(), x, q)
+        assert rel(phi, ref) <= eps, (name, rel(phi, ref))
+        assert rel(grad, gref) <= eps, (name, rel(grad, gref))
+
+
+def test_bounded_tree_runs_out_of_room_gracefully(rng, monkeypatch):
+    """With scarce room the build keeps the tree balanced (no box beside a
+    gap splits) and never sets overflow; the sums through it match the
+    plan's tree of data-sized capacities."""
+    monkeypatch.setattr(adaptive, "BOUNDED_ROOM", 0.05)
+    monkeypatch.setattr(adaptive, "BOUNDED_CLUSTERS", 0)
+    x = jnp.asarray(scales(2000, rng, 3))
+    caps = adaptive.bounded_capacities(2000, 3, 8, x.dtype)
+    tree = jax.jit(lambda a: adaptive.build(a, None, 8, caps))(x)
+    sized = adaptive.plan_tree(x, None, 8)
+    assert not bool(tree.overflow)
+    used = [int(jnp.sum(tree.valid[o:e])) for o, e in zip(tree.offsets[:-1], tree.offsets[1:])]
+    assert max(used) == max(caps.levels[2:])              # some level ran out of room
+    assert int(jnp.sum(tree.valid)) < int(jnp.sum(sized.valid))
+    # 2:1 balance: every colleague position of a split box inside the root holds a box
+    level, parent = np.asarray(tree.level), np.asarray(tree.parent)
+    split = np.asarray(tree.valid & ~tree.leaf)
+    coll = np.asarray(tree.colleagues)
+    centre, side = np.asarray(tree.center), float(tree.side)
+    lo = np.asarray(tree.lo)
+    for b in np.flatnonzero(split):
+        h = side / 2 ** level[b]
+        for j, v in enumerate(lists.near_displacements(3)):
+            c = centre[b] + h * v
+            inside = np.all((c > lo) & (c < lo + side))
+            assert not inside or coll[b, j] < tree.n_boxes, (b, j)
+    q = charges(2000, rng)
+    ref = radial_reference(K.Laplace3D(), np.asarray(x), q, gradient=False)[0]
+    pl = jfmm.plan(x, eps=1e-6, leaf_size=8, tree="adaptive")
+    phi = jax.jit(lambda p, t, c: dataclasses.replace(p, tree=t).apply(c))(
+        pl, adaptive.work_lists(tree, caps), q)
+    assert rel(phi, ref) <= 1e-6
+
+
+def test_grad_and_vmap_through_traced_adaptive_trees(rng):
+    """jit(grad) of an energy with respect to the points, and vmap over two
+    point sets, on bounded trees, against the float64 numpy sums."""
+    x = np.stack([scales(400, rng, 3, 4), points("cluster", 400, rng, 3)])
+    q = charges(400, rng)
+    call = lambda a, c: jfmm.fmm(a, c, eps=1e-6, tree="adaptive", leaf_size=4)   # noqa: E731
+    force = jax.jit(jax.grad(lambda a: 0.5 * jnp.sum(q * call(a, q))))
+    phis = jax.jit(jax.vmap(call, in_axes=(0, None)))(x, q)
+    for i in range(2):
+        ref, gref = radial_reference(K.Laplace3D(), x[i], q)
+        assert rel(phis[i], ref) <= 1e-6
+        assert rel(force(x[i]), q[:, None] * gref) <= 1e-5
