@@ -166,10 +166,18 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     deep; tree="adaptive" splits boxes while they hold more than a leaf's
     points (`jfmm.tree.adaptive`), so clustered points cost about what
     uniform ones do; "auto" (the default) builds an adaptive tree where the
-    points crowd the uniform one (`configure.choose_tree`). Adaptive trees
-    are sized from concrete points: inside jit a traced call keeps the
-    uniform tree, which no input of given shapes can overflow; make an
-    adaptive plan outside jit and move its points with `Plan.update`.
+    points crowd the uniform one (`configure.choose_tree`). Which tree each
+    path takes: an eager call and a plan build an adaptive tree sized from
+    their concrete points; a traced call (inside jit, grad with respect to
+    the points, vmap over point sets) builds one whose capacities follow
+    from the shapes alone (`adaptive.bounded_capacities`: where a level runs
+    out of room the most crowded boxes split first and larger leaves
+    remain, so no input of given shapes overflows it) and, with "auto",
+    decides at run time between it and the uniform tree by the same
+    crowding (both are compiled; under vmap over point sets both run).
+    Chebyshev kernels on traced points keep the uniform tree (their order
+    is chosen per built tree): make an adaptive plan outside jit and move
+    its points with `Plan.update`.
 
     Families and orders (`jfmm.configure.resolve`): spherical harmonics for
     Laplace3D, complex series for Laplace2D, the fast Gauss transform or

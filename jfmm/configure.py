@@ -97,7 +97,9 @@ class Config:
     plan's points that break it give NaN); fallback: for traced points
     with a reach, the configuration (the direct sum) for points whose
     leaves come out smaller than the reach (`jfmm.api` chooses at run
-    time, `series_fit`); check: the Chebyshev estimate at this order, with
+    time, `series_fit`), or for traced points on an adaptive tree the
+    uniform configuration for points that do not crowd it (`crowded`);
+    check: the Chebyshev estimate at this order, with
     which the sums check their own charges (`models.chebyshev.ChargeCheck`;
     None for other families and a caller's order; jitted sums take it as
     arrays beside `static`)."""
@@ -171,9 +173,10 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
     Gauss transform has its grid; the near field alone and the direct sum
     keep the uniform boxes their choice was made for; "auto" keeps float32
     Chebyshev gradients on it, whose rounding grows with the depth,
-    `chebyshev.gradient_rounding`). Adaptive trees are
-    sized from concrete points: traced points keep the uniform tree, and
-    tree="adaptive" raises for them."""
+    `chebyshev.gradient_rounding`). Traced points get a tree of bounded
+    capacities (`jfmm.api`), "auto" with the uniform configuration as its
+    fallback, taken at run time where the points do not crowd (`crowded`);
+    Chebyshev kernels keep the uniform tree there. order: the caller's."""
     tree = _check_tree(tree)
     pts = [sources] + ([] if targets is None else [targets])
     fits = (config.family is not None and config.family.SCHEME == "tree"
