@@ -258,13 +258,13 @@ def _busy_only(run, rows, busy, sentinel: int):
     size = -(-t // chunk) * chunk
     order, count = adaptive.first_true(busy, size)           # t where none
     packed = jnp.take(rows, order, axis=0, mode="fill", fill_value=sentinel)
-    ways = jax.eval_shape(run, packed[:chunk]).shape[0] // chunk
+    shape = jax.eval_shape(run, packed[:chunk])
+    ways = shape.shape[0] // chunk
 
     def part(start, acc):
         got = run(jax.lax.dynamic_slice_in_dim(packed, start, chunk))
         return jax.lax.dynamic_update_slice_in_dim(acc, got, start * ways, 0)
 
-    shape = jax.eval_shape(run, packed[:chunk])
     out = _until(count, size, chunk, part,
                  jnp.zeros((size * ways,) + shape.shape[1:], shape.dtype))
     dest = (order[:, None] * ways + jnp.arange(ways, dtype=order.dtype)).reshape(-1)
@@ -275,9 +275,9 @@ def _busy_only(run, rows, busy, sentinel: int):
 def adaptive_m2l(tree: adaptive.AdaptiveTree, mult, family, ops, kernel: kernels.Kernel,
                  p: int, mode: str, levels, cols, m2l=None, busy_of=None):
     """M2L into the busy blocks of `levels`: for each level, (t 2^d, K, P)
-    locals of its t blocks (`tree.level_blocks`), whose colleagues'
-    children are the blocks `cols` (t, 3^d) of that level (nblk where
-    none). M2L reads multipoles alone, so levels sharing one array of
+    locals of its t blocks (`tree.level_blocks`, given as busy_of), whose
+    colleagues' children are the blocks `cols` (t, 3^d) of that level
+    (nblk where none); on a bounded tree only the busy ones are run. M2L reads multipoles alone, so levels sharing one array of
     matrices (scaled expansions: 3D Laplace's every level) run as one
     product over their blocks side by side: one large product instead of
     a small one per level of a deep tree."""
