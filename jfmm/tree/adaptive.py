@@ -605,13 +605,12 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     steps = []
     leaf_of = jnp.full(state[2].shape[0], total, jnp.int32)
     overflow = jnp.zeros((), bool)
-    for l, cap in enumerate(caps.levels):
+    if caps.bounded:                    # room by the most crowded first: never overflows
+        steps, leaf_of = _bounded_levels(state, leaf_size, caps.levels, leaf_of)
+    for l, cap in enumerate(() if caps.bounded else caps.levels):
         cap_next = caps.levels[l + 1] if l + 1 < len(caps.levels) else 0
-        if caps.bounded:                # room by the most crowded first: never overflows
-            step = _level_step(state, l, leaf_size, cap_next)
-        else:                           # the compiled steps the sizing ran
-            step = _step_at(state, l, leaf_size, cap_next)
-            overflow = overflow | (step[-1] > cap_next)
+        step = _step_at(state, l, leaf_size, cap_next)      # the compiled steps the sizing ran
+        overflow = overflow | (step[-1] > cap_next)
         split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = step
         leaf_of = _settle(leaf_of, state[0], split, offsets[l])
         steps.append((state[4], state[5], split, first, nparent))
@@ -619,6 +618,43 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     leaf_of = jnp.zeros_like(leaf_of).at[perm].set(leaf_of, unique_indices=True)   # input order
     tree = _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size, caps.levels)
     return tree if caps.w is None else work_lists(tree, caps)
+
+
+def _bounded_levels(state, leaf_size: int, levels: tuple, leaf_of):
+    """`build`'s level steps under bounded capacities: the levels of equal
+    room (all below the first few) in one `lax.scan`, so that a deep tree
+    compiles one step, not one per level. Returns the steps and leaf_of."""
+    offsets = np.concatenate([[0], np.cumsum(levels)])
+    steps, l = [], 0
+    while l < len(levels):
+        end = l + 1                     # levels l .. end - 1 share their room and the next's
+        while end + 1 < len(levels) and levels[end + 1] == levels[l] == levels[end]:
+            end += 1
+        if end - l == 1:
+            cap_next = levels[l + 1] if l + 1 < len(levels) else 0
+            split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = _level_step(
+                state, l, leaf_size, cap_next)
+            leaf_of = _settle(leaf_of, state[0], split, int(offsets[l]))
+            steps.append((state[4], state[5], split, first, nparent))
+            state = (nbox,) + state[1:4] + (nvalid, ncoll, ngap)
+            l = end
+            continue
+        fixed = state[1:4]
+
+        def one(carry, level, fixed=fixed, base=l):
+            (box, valid, coll, gap), leaf_of = carry
+            split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = _level_step(
+                (box,) + fixed + (valid, coll, gap), level, leaf_size, levels[base])
+            offset = int(offsets[base]) + (level - base) * levels[base]
+            leaf_of = _settle(leaf_of, box, split, offset)
+            return ((nbox, nvalid, ncoll, ngap), leaf_of), (valid, coll, split, first, nparent)
+
+        carry = ((state[0],) + state[4:], leaf_of)
+        (dyn, leaf_of), ys = jax.lax.scan(one, carry, jnp.arange(l, end, dtype=jnp.int32))
+        steps.extend(jax.tree_util.tree_map(lambda a, i=i: a[i], ys) for i in range(end - l))
+        state = (dyn[0],) + fixed + dyn[1:]
+        l = end
+    return steps, leaf_of
 
 
 @jax.jit
