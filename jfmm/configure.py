@@ -478,12 +478,32 @@ def _core_config(kernel, eps: float, order, gradient: bool, sources, targets,
     return Config(laplace3d, choice.order, depth, eps, gradient, reach=reach)
 
 
+# Traced points are judged by at most this many of them (`crowded`).
+CROWDING_SAMPLE = 2 ** 16
+
+
 def crowded(config: Config, sources, targets):
     """Whether traced points crowd the uniform tree of the fallback's depth
-    (`jfmm.tree.crowding` above CROWDING): where an adaptive configuration
-    with a uniform fallback takes its adaptive tree. A traced bool."""
-    pts = jax.lax.stop_gradient((sources, targets))
-    return _tree.crowding(*pts, config.fallback.depth) > CROWDING
+    (`jfmm.tree.crowding` of an evenly strided sample of at most
+    CROWDING_SAMPLE of each above CROWDING): where an adaptive
+    configuration with a uniform fallback takes its adaptive tree. A
+    traced bool; under vmap one for the whole batch (any member crowded:
+    the adaptive tree for all), so that `lax.cond` runs one branch."""
+    def few(x):
+        return None if x is None else x[::max(1, -(-x.shape[0] // CROWDING_SAMPLE))]
+
+    pts = jax.lax.stop_gradient((few(sources), few(targets)))
+    return _whole_batch(_tree.crowding(*pts, config.fallback.depth) > CROWDING)
+
+
+@jax.custom_batching.custom_vmap
+def _whole_batch(flag):
+    return flag
+
+
+@_whole_batch.def_vmap
+def _whole_batch_rule(axis_size, in_batched, flag):
+    return jnp.any(flag) if in_batched[0] else flag, False
 
 
 def series_fit(config: Config, kernel, sources, targets):

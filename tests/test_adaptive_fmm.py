@@ -159,7 +159,8 @@ def test_derivatives_on_an_adaptive_plan(rng):
 def test_the_tree_auto_chooses(rng, monkeypatch):
     """"auto": adaptive where the points crowd the uniform tree, uniform on
     uniform points, for concrete and traced points alike (traced: chosen
-    at run time); tree="adaptive" needs a tree family, and on traced
+    at run time; under vmap one tree for the batch, adaptive where any
+    member crowds); tree="adaptive" needs a tree family, and on traced
     points the Laplace series."""
     crowded, even = scales(1000, rng, 3, 3), points("cube", 1000, rng, 3)
     opts = dict(eps=1e-4, leaf_size=2)              # depth 3
@@ -180,6 +181,10 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
                                                                       adaptive_phi)
     assert rel(traced(even, "auto"), traced(even, "uniform")) < 1e-13 < rel(
         traced(even, "adaptive"), traced(even, "uniform"))
+    # vmap over both sets: one tree for the batch, the adaptive one
+    both = jax.jit(jax.vmap(lambda a: traced(a, "auto")))(np.stack([crowded, even]))
+    assert rel(both[0], adaptive_phi) < 1e-13
+    assert rel(both[1], traced(even, "adaptive")) < 1e-13
     with pytest.raises(ValueError, match="serves the Laplace series"):
         jax.jit(lambda a: jfmm.fmm(a, q, kernel=K.InverseMultiquadric(1.0), tree="adaptive",
                                    **opts))(crowded)
@@ -277,3 +282,4 @@ def test_grad_through_traced_adaptive_trees(rng):
         q * jfmm.fmm(a, q, eps=1e-4, tree="adaptive", leaf_size=8))))
     gref = radial_reference(K.Laplace3D(), x, q)[1]
     assert rel(force(x), q[:, None] * gref) <= 1e-4
+
