@@ -255,7 +255,7 @@ def test_bounded_tree_runs_out_of_room_gracefully(rng, monkeypatch):
     assert max(used) == max(caps.levels[2:])              # some level ran out of room
     assert int(jnp.sum(tree.valid)) < int(jnp.sum(sized.valid))
     # 2:1 balance: every colleague position of a split box inside the root holds a box
-    level, parent = np.asarray(tree.level), np.asarray(tree.parent)
+    level = np.asarray(tree.level)
     split = np.asarray(tree.valid & ~tree.leaf)
     coll = np.asarray(tree.colleagues)
     centre, side = np.asarray(tree.center), float(tree.side)
