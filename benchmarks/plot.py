@@ -495,6 +495,40 @@ def adaptive(data, docs):
     return True
 
 
+def adaptive_jit(data, docs):
+    found = load_all(data, ["adaptive_jit_float32.json", "adaptive_jit_float64.json"])
+    if not found:
+        return False
+    kinds = ("cube", "plummer", "clusters")
+    calls = [("eager_ms", "eager jfmm.fmm", "0.6"), ("jit_ms", "jax.jit(jfmm.fmm)", "C1"),
+             ("grad_ms", "jax.jit(jax.grad(energy))", "C0")]
+    panels = [(name, rows) for name, (_, rows) in found.items()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8),
+                             constrained_layout=True, squeeze=False)
+    for ax, (name, rows) in zip(axes[0], panels):
+        n = 2 ** 20 if any(r["n"] == 2 ** 20 for r in rows) else rows[0]["n"]
+        rows = {r["points"]: r for r in rows if r["n"] == n}
+        x = [k for k, kind in enumerate(kinds) if kind in rows]
+        width = 0.8 / len(calls)
+        for i, (key, label, color) in enumerate(calls):
+            ys = [rows[kinds[k]][key] for k in x]
+            pos = np.array(x) + (i - 1) * width
+            ax.bar(pos, ys, width, color=color, label=label)
+            for xp, y in zip(pos, ys):
+                ax.text(xp, y, f"{y:.1f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x, [f"{kinds[k]}\n({rows[kinds[k]]['tree']})" for k in x])
+        r0 = next(iter(rows.values()))
+        ax.set(ylabel="ms (potential and gradient; grad: energy's w.r.t. points)",
+               title=f"{r0['dtype']}, eps {r0['eps']:g}, N = {n:,}")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("3D Laplace as users call it: traced points on bounded adaptive trees "
+                 "(x labels: the tree jit took, crowding); " + where(env for env, _ in
+                                                                     found.values()),
+                 fontsize=10)
+    save(fig, docs, "adaptive_jit.png")
+    return True
+
+
 def multi(data, docs):
     found = load_all(data, ["multi_emulated.json", "multi_emulated_plummer.json", "multi.json"])
     if "multi_emulated.json" not in found:
@@ -533,7 +567,7 @@ def multi(data, docs):
 
 
 FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, rbf_user, crossover, orders,
-           adaptive, multi)
+           adaptive, adaptive_jit, multi)
 
 
 def main():
