@@ -174,9 +174,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     out of room the most crowded boxes split first and larger leaves
     remain, so no input of given shapes overflows it) and, with "auto",
     decides at run time between it and the uniform tree by the same
-    crowding (both are compiled; under vmap over point sets both run).
-    Chebyshev kernels on traced points keep the uniform tree (their order
-    is chosen per built tree): make an adaptive plan outside jit and move
+    crowding (both are compiled; under vmap over point sets the batch takes
+    one, the adaptive tree where any member crowds). Traced points keep the
+    uniform tree on a mesh, for Chebyshev kernels (their order is chosen
+    per built tree) and where the uniform tree is too shallow for any
+    points to crowd it: there make an adaptive plan outside jit and move
     its points with `Plan.update`.
 
     Families and orders (`jfmm.configure.resolve`): spherical harmonics for
@@ -244,7 +246,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         charged = _charged(sources, targets, q, kernel, mesh, *opts[:4], tree)
     config = _configure.resolve_eager(sources, targets, kernel, *opts,     # remembered
                                       charged=charged)
-    config = _configure.choose_tree(config, sources, targets, tree, order)
+    config = _configure.choose_tree(config, sources, targets, tree, order, mesh)
     config = _configure.on_uniform(config, kernel, sources, targets, order,
                                    leaf_size).with_mesh(mesh)
     if config.tree == "adaptive" and all(_configure.concrete(x) for x in (sources, targets)
@@ -507,7 +509,7 @@ def _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tre
                            tree)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree, charged)
-    config = _configure.choose_tree(config, sources, targets, tree, order)
+    config = _configure.choose_tree(config, sources, targets, tree, order, mesh)
     if fixed:
         config = _configure.on_uniform(config, kernel, sources, targets, order, leaf_size)
     return _new_plan(sources, targets, kernel, config.with_mesh(mesh), order, charged)

@@ -166,7 +166,8 @@ def _check_tree(tree) -> str:
     return tree
 
 
-def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None) -> Config:
+def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None,
+                mesh=None) -> Config:
     """The configuration on the tree `tree` asks for ("auto": adaptive
     where the points crowd the uniform tree, CROWDING). Only the series
     and Chebyshev families with far fields run on adaptive trees (the fast
@@ -175,7 +176,8 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
     Chebyshev gradients on it, whose rounding grows with the depth,
     `chebyshev.gradient_rounding`). Traced points get a tree of bounded
     capacities (`jfmm.api`), "auto" with the uniform configuration as its
-    fallback, taken at run time where the points do not crowd (`crowded`);
+    fallback, taken at run time where the points do not crowd (`crowded`),
+    except where they cannot (a tree this shallow) or on a mesh (`mesh`);
     Chebyshev kernels keep the uniform tree there. order: the caller's."""
     tree = _check_tree(tree)
     pts = [sources] + ([] if targets is None else [targets])
@@ -199,6 +201,12 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
                              "for Chebyshev kernels make an adaptive plan outside jit with "
                              "jfmm.plan(..., tree='adaptive') and move its points inside "
                              "with Plan.update")
+        return config
+    most = 2.0 ** (sources.shape[1] * config.depth) / 3.0 ** sources.shape[1]
+    if traced and tree == "auto" and (most <= CROWDING or mesh is not None):
+        # No points crowd a tree this shallow past the bar (all in one leaf:
+        # `most`), so only the uniform tree is compiled; on a mesh traced
+        # points keep it as well.
         return config
     if traced:
         # A tree of bounded capacities (`adaptive.bounded_capacities`), which

@@ -661,7 +661,7 @@ def _bounded_levels(state, leaf_size: int, levels: tuple, leaf_of):
 def _settle(leaf_of, box, split, offset):
     """leaf_of with the points whose level box did not split set to it."""
     settled = (box >= 0) & ~split[jnp.maximum(box, 0)]
-    return jnp.where(settled, offset + box, leaf_of)
+    return jnp.where(settled, (offset + box).astype(leaf_of.dtype), leaf_of)
 
 
 @functools.partial(jax.jit, static_argnums=(7, 8))
