@@ -458,7 +458,10 @@ def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None
     keeps one family: of a configuration with a fallback (traced points),
     the fallback, which serves every extent."""
     config = config.fallback or config
-    if config.tree == "adaptive":
+    concrete = all(_configure.concrete(x) for x in (sources, targets) if x is not None)
+    if config.tree == "adaptive" and not concrete:      # bounded capacities, order chosen
+        tree = _adaptive_tree(sources, targets, config.leaf)
+    elif config.tree == "adaptive":
         tree = _adaptive.plan_tree(sources, targets, config.leaf)
         config = _configure.on_tree(config, tree, kernel, sources, targets, order, charged)
     else:
