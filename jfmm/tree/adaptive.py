@@ -107,7 +107,9 @@ SLACK = 1.125
 BOUNDED_ROOM = 0.3
 BOUNDED_LEVELS = 9
 # ... plus the splits that balance makes around this many crowded boxes
-# (each splits its 3^d colleagues' parents): what small sets need most.
+# (each splits its 3^d colleagues' parents), one per 16 leaves of points
+# below that: what small sets need most (Plummer, 2^13 points in 32
+# leaves: 56 splits at a level).
 BOUNDED_CLUSTERS = 8
 # Entries of the W and X work lists, M2L blocks, per step of a loop that
 # stops at their count (bounded capacities hold every case, most unused).
@@ -541,7 +543,8 @@ def bounded_capacities(n_points: int, dim: int, leaf_size: int, dtype,
                        n_targets: int | None = None) -> Capacities:
     """Capacities from the sizes alone, which hold any points (a traced
     call's tree): `BOUNDED_ROOM` x n_points / leaf_size splits per level
-    (plus `BOUNDED_CLUSTERS` x 3^d), down to `BOUNDED_LEVELS` below the depth at which even points would
+    (plus 3^d x `BOUNDED_CLUSTERS`, or one per 16 leaves of points where
+    fewer), down to `BOUNDED_LEVELS` below the depth at which even points would
     fill the leaves (and no deeper than the dtype's exact centres allow),
     every block of siblings in the M2L tables, and W and X work lists of
     every (tile, colleague) pair. A build with them splits the most
@@ -549,8 +552,9 @@ def bounded_capacities(n_points: int, dim: int, leaf_size: int, dtype,
     n_points: sources and targets together; n_targets: the targets where
     they are not the sources (None)."""
     ways = 2 ** dim
-    per_level = ways * (math.ceil(BOUNDED_ROOM * n_points / leaf_size)
-                        + BOUNDED_CLUSTERS * 3 ** dim)
+    leaves = n_points / leaf_size
+    per_level = ways * (math.ceil(BOUNDED_ROOM * leaves)
+                        + 3 ** dim * min(BOUNDED_CLUSTERS, math.ceil(leaves / 16)))
     even = max(0, math.ceil(math.log(max(n_points / leaf_size, 1.0), ways)))
     exact = jnp.finfo(dtype).nmant - 2
     levels = [1]
