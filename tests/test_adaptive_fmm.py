@@ -214,8 +214,7 @@ def twenty_decades(n, rng, dim):
 
 
 WORST = {"coincident": coincident_but_few, "outlier": one_far_outlier,
-         "line": lambda n, r, d: flat(n, r, d, 1), "decades": twenty_decades,
-         "scales": scales}
+         "line": lambda n, r, d: flat(n, r, d, 1), "decades": twenty_decades}
 
 
 def test_traced_points_on_bounded_trees(rng, monkeypatch):
