@@ -27,7 +27,7 @@ import numpy as np
 from jfmm import kernels
 from jfmm.configure import Config
 from jfmm.ops import backend, translate
-from jfmm.tree import Tree, adaptive, lists
+from jfmm.tree import Tree, adaptive, lists, tiles
 
 
 def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp", combine=None):
@@ -189,8 +189,7 @@ def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f):
     if not tree.caps.bounded:
         return f(tree)
     tile, pos = getattr(tree, name + "_tile"), getattr(tree, name + "_pos")
-    sentinel = adaptive.far_tiles(tree.tgt_start if name == "w" else tree.src_start,
-                                  n_points)[0].shape[0]
+    sentinel = tiles.tile_count(n_points, tree.n_boxes, adaptive.FAR_TILE)   # `far_tiles`
     count = jnp.sum(tile < sentinel, dtype=jnp.int32)
     chunk = adaptive.FAR_CHUNK
 
