@@ -364,7 +364,7 @@ def _level_step(state, l, leaf_size, cap_next):
     ways = 2 ** d
     cells = jnp.left_shift(1, jnp.minimum(l + 1, 30))       # per axis at level l + 1
     coord = jnp.clip(jnp.floor(q * cells.astype(q.dtype)), 0, cells - 1).astype(jnp.int32)
-    slot = jnp.sum((coord & 1) << jnp.arange(d, dtype=jnp.int32), axis=1)
+    slot = jnp.sum((coord & 1) << jnp.arange(d, dtype=jnp.int32), axis=1, dtype=jnp.int32)
     active = box >= 0
     cell = jnp.where(active, box * ways + slot, n_box * ways)
 
@@ -396,9 +396,13 @@ def _level_step(state, l, leaf_size, cap_next):
     if room_for == 0:
         split = jnp.zeros_like(split)
     elif room_for < n_box:          # the most crowded neighbourhoods first
-        score = jnp.where(split, jnp.max(crowd[coll], axis=1), -1)
-        _, keep = jax.lax.top_k(score, room_for)
-        split = split & jnp.zeros(n_box, bool).at[keep].set(True)
+
+        def most_crowded(split):
+            score = jnp.where(split, jnp.max(crowd[coll], axis=1), -1)
+            _, keep = jax.lax.top_k(score, room_for)
+            return split & jnp.zeros(n_box, bool).at[keep].set(True)
+
+        split = jax.lax.cond(asked > cap_next, most_crowded, lambda s: s, split)
     made = ways * jnp.sum(split, dtype=jnp.int32)
     cap = cap_next
     first = ways * (jnp.cumsum(split, dtype=jnp.int32) - 1)
@@ -625,39 +629,31 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
 
 
 def _bounded_levels(state, leaf_size: int, levels: tuple, leaf_of):
-    """`build`'s level steps under bounded capacities: the levels of equal
-    room (all below the first few) in one `lax.scan`, so that a deep tree
-    compiles one step, not one per level. Returns the steps and leaf_of."""
-    offsets = np.concatenate([[0], np.cumsum(levels)])
-    steps, l = [], 0
-    while l < len(levels):
-        end = l + 1                     # levels l .. end - 1 share their room and the next's
-        while end + 1 < len(levels) and levels[end + 1] == levels[l] == levels[end]:
-            end += 1
-        if end - l == 1:
-            cap_next = levels[l + 1] if l + 1 < len(levels) else 0
-            split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = _level_step(
-                state, l, leaf_size, cap_next)
-            leaf_of = _settle(leaf_of, state[0], split, int(offsets[l]))
-            steps.append((state[4], state[5], split, first, nparent))
-            state = (nbox,) + state[1:4] + (nvalid, ncoll, ngap)
-            l = end
-            continue
-        fixed = state[1:4]
+    """`build`'s level steps under bounded capacities: every level in one
+    `lax.scan` with the slots of the largest (a deep tree compiles one step,
+    not one per level; a step costs what its points cost, not its slots),
+    each level's results then cut to its own slots. With levels[l + 1] <=
+    2^d levels[l] the cut loses nothing: a level makes at most 2^d children
+    per box. Returns the steps and leaf_of."""
+    size, n_levels = max(levels), len(levels)
+    offsets = jnp.asarray(np.cumsum((0,) + tuple(levels[:-1])), jnp.int32)
+    box, is_src, q, deepest = state[:4]
+    fixed = (is_src, q, jnp.minimum(deepest, n_levels - 1))    # the last level does not split
 
-        def one(carry, level, fixed=fixed, base=l):
-            (box, valid, coll, gap), leaf_of = carry
-            split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = _level_step(
-                (box,) + fixed + (valid, coll, gap), level, leaf_size, levels[base])
-            offset = int(offsets[base]) + (level - base) * levels[base]
-            leaf_of = _settle(leaf_of, box, split, offset)
-            return ((nbox, nvalid, ncoll, ngap), leaf_of), (valid, coll, split, first, nparent)
+    def one(carry, level):
+        (box, valid, coll, gap), leaf_of = carry
+        split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = _level_step(
+            (box,) + fixed + (valid, coll, gap), level, leaf_size, size)
+        leaf_of = _settle(leaf_of, box, split, offsets[level])
+        return ((nbox, nvalid, ncoll, ngap), leaf_of), (valid, coll, split, first, nparent)
 
-        carry = ((state[0],) + state[4:], leaf_of)
-        (dyn, leaf_of), ys = jax.lax.scan(one, carry, jnp.arange(l, end, dtype=jnp.int32))
-        steps.extend(jax.tree_util.tree_map(lambda a, i=i: a[i], ys) for i in range(end - l))
-        state = (dyn[0],) + fixed + dyn[1:]
-        l = end
+    carry = ((box,) + _padded(state[4:], size), leaf_of)
+    (_, leaf_of), ys = jax.lax.scan(one, carry, jnp.arange(n_levels, dtype=jnp.int32))
+    # local indices past a level's slots are its sentinels (`_assemble` compares)
+    nexts = tuple(levels[1:]) + (0,)
+    steps = [(valid[l, :cap], coll[l, :cap], split[l, :cap], first[l, :cap], parent[l, :nxt])
+             for l, (cap, nxt) in enumerate(zip(levels, nexts))
+             for valid, coll, split, first, parent in [ys]]
     return steps, leaf_of
 
 
