@@ -166,23 +166,6 @@ def _blocks(tree: adaptive.AdaptiveTree, level: int, busy):
     return owner, jnp.where(first < total, (first - off) // ways, (end - off) // ways)
 
 
-def _until(count, total: int, chunk: int, body, init):
-    """body(start, acc) for start = 0, chunk, ... below count (traced) and
-    total (static, a multiple of chunk): a loop that stops at the work
-    there is, where bounded capacities (`adaptive.bounded_capacities`)
-    hold far more than most points need."""
-    assert total % chunk == 0
-
-    def step(carry):
-        i, acc = carry
-        return i + 1, body(i * chunk, acc)
-
-    def more(carry):
-        return (carry[0] * chunk < count) & (carry[0] < total // chunk)
-
-    return jax.lax.while_loop(more, step, (jnp.zeros((), jnp.int32), init))[1]
-
-
 def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f):
     """f(tree) (a pytree of sums) over the W (name "w") or X ("x") work
     list: at once, or on a bounded tree in chunks up to the list's count."""
@@ -200,7 +183,7 @@ def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f):
 
     zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
                                    jax.eval_shape(part, 0))
-    return _until(count, tile.shape[0], chunk,
+    return tiles.until(count, tile.shape[0], chunk,
                   lambda start, acc: jax.tree_util.tree_map(jnp.add, acc, part(start)), zeros)
 
 
@@ -210,7 +193,8 @@ def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, 
     2. combine: as in `upward`."""
     leaf = tree.src_leaf
     u = (tree.src_sorted - tree.center[leaf]) / side[leaf][:, None]
-    mult = backend.p2m(family, u, q_sorted, tree.src_start, leaf, p, mode)
+    mult = backend.p2m(family, u, q_sorted, tree.src_start, leaf, p, mode,
+                       adaptive.busy_leaves(tree, u.shape[0]))
     mult = mult if combine is None else combine(mult)
     for level in range(tree.depth, 2, -1):
         off, end = tree.offsets[level], tree.offsets[level + 1]
@@ -251,7 +235,7 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
 def _busy_only(run, rows, busy, sentinel: int):
     """run(rows) (t 2^d, K, P) for the rows (t, 3^d) marked busy (t,)
     alone, zeros elsewhere: the busy rows gathered to the front and run in
-    chunks up to their count (`_until`)."""
+    chunks up to their count (`tiles.until`)."""
     t = rows.shape[0]
     chunk = adaptive.FAR_CHUNK
     size = -(-t // chunk) * chunk
@@ -264,7 +248,7 @@ def _busy_only(run, rows, busy, sentinel: int):
         got = run(jax.lax.dynamic_slice_in_dim(packed, start, chunk))
         return jax.lax.dynamic_update_slice_in_dim(acc, got, start * ways, 0)
 
-    out = _until(count, size, chunk, part,
+    out = tiles.until(count, size, chunk, part,
                  jnp.zeros((size * ways,) + shape.shape[1:], shape.dtype))
     dest = (order[:, None] * ways + jnp.arange(ways, dtype=order.dtype)).reshape(-1)
     return jnp.zeros((t * ways,) + shape.shape[1:], shape.dtype).at[dest].set(
@@ -323,8 +307,10 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     """phi (M, K), grad (M, K, d) or None at the sorted targets of an
     adaptive tree: the near field over the U lists, and where there is a
     family the far field through the V, W and X lists."""
+    busy = adaptive.busy_leaves(tree, tree.tgt_sorted.shape[0])
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
-                                   q_sorted, tree.src_start, tree.near, gradient, mode)
+                                   q_sorted, tree.src_start, tree.near, gradient, mode,
+                                   leaves=busy)
     if family is None or tree.depth < 2:
         return phi, grad
     side = tree.box_side(tree.level)
@@ -333,7 +319,8 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     leaf = tree.tgt_leaf
     u = (tree.tgt_sorted - tree.center[leaf]) / side[leaf][:, None]
     coef = family.l2p_coefficients(loc, p, gradient)
-    lphi, lgrad = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode)
+    lphi, lgrad = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode,
+                              busy)
     wphi, wgrad = _far_list(tree, "w", tree.tgt_sorted.shape[0],
                             lambda t: backend.far_m2p(family, kernel, t, mult, p, gradient, mode))
     phi = phi + lphi + wphi

@@ -221,12 +221,14 @@ def test_traced_points_on_bounded_trees(rng, monkeypatch):
     """jit(fmm) on a tree sized from the shapes alone: worst-case point sets
     within eps of the float64 numpy sum, with so little room that levels
     run out (the most crowded boxes split first, larger leaves remain;
-    the default room: `test_the_tree_auto_chooses`). float32, whose
+    the default room: `test_the_tree_auto_chooses`) and the near field's
+    tiles in steps (`tiles.in_steps`). float32, whose
     deepest exact level is the shallower."""
     dtype, eps = np.float32, 1e-4
     monkeypatch.setattr(adaptive, "BOUNDED_ROOM", 0.02)
     monkeypatch.setattr(adaptive, "BOUNDED_LEVELS", 2)
     monkeypatch.setattr(adaptive, "BOUNDED_CLUSTERS", 0)
+    monkeypatch.setattr(adaptive, "BUSY_LEAVES", 1)          # tiles in several steps
     call = jax.jit(lambda a, c: jfmm.fmm(a, c, eps=eps, gradient=True, tree="adaptive",
                                           leaf_size=8))
     for name, make in WORST.items():

@@ -25,6 +25,7 @@ from jfmm.ops.pallas import far as pallas_far
 from jfmm.ops.pallas import laplace3d as pallas_laplace3d
 from jfmm.ops.pallas import m2l as pallas_m2l
 from jfmm.ops.pallas import p2p as pallas_p2p
+from jfmm.tree import tiles
 
 MODES = ("auto", "jnp", "pallas", "interpret")
 # Expansion families with Pallas P2M / L2P kernels, and the largest order
@@ -91,15 +92,24 @@ def current() -> str:
 
 
 def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
-               gradient: bool, mode: str, blocks: pallas_p2p.Blocks | None = None):
+               gradient: bool, mode: str, blocks: pallas_p2p.Blocks | None = None,
+               leaves: int | None = None):
     """`jfmm.ops.p2p.near_field` on backend `mode` (see `current`); jnp for
-    kernels the Pallas kernel cannot lower (`Kernel.pallas`)."""
+    kernels the Pallas kernel cannot lower (`Kernel.pallas`). leaves: the
+    leaves with targets in most trees, where far fewer than the slots
+    (`tiles.in_steps`)."""
+    m = tgt_sorted.shape[0]
     if mode == "jnp" or not kernel.pallas:
-        return p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
-                              src_start, near, gradient)
-    return pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
-                                 src_start, near, gradient, blocks=blocks or _blocks,
-                                 interpret=mode == "interpret")
+        return tiles.in_steps(
+            lambda *t: p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
+                                      src_start, near, gradient, tiles=t),
+            tgt_start, m, p2p.TILE, leaves)
+    blocks = blocks or _blocks
+    return tiles.in_steps(
+        lambda *t: pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
+                                         src_start, near, gradient, blocks=blocks,
+                                         interpret=mode == "interpret", tiles=t),
+        tgt_start, m, blocks.targets, leaves)
 
 
 def near_field_hessian(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
@@ -263,15 +273,17 @@ def _chunk(n: int, per_point: int) -> int | None:
     return max(1, 2 ** int(math.log2(max(1, CHUNK_VALUES // per_point))))
 
 
-def p2m(family, u, q, start, leaf_of, p: int, mode: str):
+def p2m(family, u, q, start, leaf_of, p: int, mode: str, leaves: int | None = None):
     """Leaf multipoles (n_leaves, K, P) of sorted sources on backend `mode`.
 
     u: (N, d) scaled box-local positions; q: (N, K); start: (n_leaves + 2,)
-    leaf ranges; leaf_of: (N,) leaf of each source.
+    leaf ranges; leaf_of: (N,) leaf of each source; leaves: as in
+    `near_field` (the Pallas kernels' tiles).
     """
     twin = _family_twin(family, p, mode)
     if twin is not None:
-        return twin.p2m(u, q, start, p, interpret=mode == "interpret")
+        return tiles.in_steps(lambda *t: twin.p2m(u, q, start, p, mode == "interpret", tiles=t),
+                              start, u.shape[0], twin.TILE, leaves)
     n_leaves = start.shape[0] - 2
     out = jax.eval_shape(lambda: family.p2m(u[:1], q[:1], p))
     lo, hi = MATERIALIZE.get(out.dtype.name, (0, 0))
@@ -295,14 +307,17 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str):
     return total
 
 
-def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str):
+def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str,
+        leaves: int | None = None):
     """Local expansions of the leaves at their sorted targets on backend
     `mode`: phi (M, K), grad (M, K, d) or None. coef: (n_leaves, K, E, P)
     from `family.l2p_coefficients`; h: the leaves' side, a scalar or one
-    per leaf (n_leaves,)."""
+    per leaf (n_leaves,); leaves: as in `near_field`."""
     twin = _family_twin(family, p, mode)
     if twin is not None:
-        return twin.l2p(u, coef, start, h, p, gradient, interpret=mode == "interpret")
+        return tiles.in_steps(
+            lambda *t: twin.l2p(u, coef, start, h, p, gradient, mode == "interpret", tiles=t),
+            start, u.shape[0], twin.TILE, leaves)
     m = u.shape[0]
     per_leaf = jnp.ndim(h) > 0
     c = _chunk(m, math.prod(coef.shape[1:]))

@@ -10,6 +10,8 @@ is sized by the data.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -17,6 +19,9 @@ from jfmm.kernels import Kernel
 from jfmm.tree.tiles import leaf_tiles  # noqa: F401 (the Pallas kernels tile alike)
 from jfmm.tree.tiles import round_up as _round_up
 from jfmm.tree.tiles import tile_count as _tile_count
+
+# Targets per tile of the jnp near field.
+TILE = 64
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -149,19 +154,25 @@ def source_ranges(near, src_start):
 
 
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
-               near, gradient: bool, tile: int = 64, batch: int | None = None):
+               near, gradient: bool, tile: int = TILE, batch: int | None = None, tiles=None):
     """Sum over the sources of each target leaf's near neighbours.
 
     tgt_sorted (M, d), src_sorted (N, d), q_sorted (N, K): Morton-sorted;
     tgt_start, src_start (nleaf + 2,): leaf ranges with an empty sentinel leaf;
     near (nleaf, 3^d): neighbour leaves, sentinel nleaf (or slot ranges,
     `source_ranges`).
+    tiles: (leaf, t0, t1) of the target tiles to run (`leaf_tiles` with
+    `tile`), or None for all.
     Returns phi (M, K), grad (M, K, d) or None, in sorted target order.
     """
     m, d = tgt_sorted.shape
     kq = q_sorted.shape[1]
-    batch = batch or default_batch(_tile_count(m, tgt_start.shape[0] - 2, tile))
-    leaf, t0, t1 = leaf_tiles(tgt_start, m, tile, batch)
+    if tiles is None:
+        batch = batch or default_batch(_tile_count(m, tgt_start.shape[0] - 2, tile))
+        tiles = leaf_tiles(tgt_start, m, tile, batch)
+    else:
+        batch = math.gcd(batch or default_batch(tiles[0].shape[0]), tiles[0].shape[0])
+    leaf, t0, t1 = tiles
     y_pad = pad_rows(tgt_sorted, tile)
     x_pad = pad_rows(src_sorted, tile)
     q_pad = pad_rows(q_sorted, tile)

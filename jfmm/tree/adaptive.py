@@ -114,6 +114,12 @@ BOUNDED_CLUSTERS = 8
 # Entries of the W and X work lists, M2L blocks, per step of a loop that
 # stops at their count (bounded capacities hold every case, most unused).
 FAR_CHUNK = 1024
+# Leaves that hold points per leaf of points (n / leaf_size): the tiles of a
+# bounded tree's near field, P2M and L2P run in steps of what this many
+# leaves take (`tiles.in_steps`). At 2^20 the cube, Plummer and five
+# clusters fill 4.6-5.9 (leaf 256) and 2.2-3.7 (leaf 64); a bounded tree has
+# 7-25 slots per leaf of points.
+BUSY_LEAVES = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -831,6 +837,12 @@ def near_lists(tree: AdaptiveTree):
     lo = jnp.concatenate([lo, coarse], axis=1)
     hi = jnp.concatenate([hi, coarse + 1], axis=1)
     return jnp.stack([lo, hi], axis=-1)
+
+
+def busy_leaves(tree: AdaptiveTree, n_points: int) -> int | None:
+    """Leaves of n_points points to size tile steps by on a bounded tree
+    (`BUSY_LEAVES`), None on a tree sized to its points."""
+    return BUSY_LEAVES * -(-n_points // tree.leaf_size) if tree.caps.bounded else None
 
 
 def far_tiles(start, n_points: int):

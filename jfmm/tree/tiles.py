@@ -2,6 +2,7 @@
 that loop over a leaf's points (near field, P2M, L2P, M2P, P2L)."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -15,25 +16,69 @@ def tile_count(n_points: int, nleaf: int, tile: int) -> int:
     return -(-n_points // tile) + nleaf
 
 
-def leaf_tiles(start, n_points: int, tile: int, multiple: int = 1):
+def _per_leaf(start, tile: int):
+    """Tiles of each leaf (nleaf,) and their running sum."""
+    nleaf = start.shape[0] - 2
+    per_leaf = (start[1:nleaf + 1] - start[:nleaf] + tile - 1) // tile
+    return per_leaf, jnp.cumsum(per_leaf)
+
+
+def leaf_tiles(start, n_points: int, tile: int, multiple: int = 1, first=0,
+               count: int | None = None):
     """Leaf-aligned tiles of sorted points.
 
     start: (nleaf + 2,) leaf ranges (leaf b holds [start[b], start[b + 1]),
     entry nleaf the empty sentinel leaf). A leaf of c points gets
     ceil(c / tile) tiles, so ceil(n / tile) + nleaf tiles always suffice
-    (rounded up to a multiple of `multiple`). Returns per tile (leaf, first
+    (rounded up to a multiple of `multiple`): all of them, or the `count`
+    (static) from tile `first` (traced). Returns per tile (leaf, first
     point, end), unused tiles pointing at the sentinel leaf nleaf and
     starting at n (a kernel reading `tile` rows from there stays in the
     `tile` rows of padding after the points).
     """
     nleaf = start.shape[0] - 2
-    counts = start[1:nleaf + 1] - start[:nleaf]
-    per_leaf = (counts + tile - 1) // tile
-    cum = jnp.cumsum(per_leaf)
-    n_tiles = round_up(tile_count(n_points, nleaf, tile), multiple)
-    k = jnp.arange(n_tiles, dtype=jnp.int32)
+    per_leaf, cum = _per_leaf(start, tile)
+    if count is None:
+        count = round_up(tile_count(n_points, nleaf, tile), multiple)
+    k = first + jnp.arange(count, dtype=jnp.int32)
     leaf = jnp.searchsorted(cum, k, side="right").astype(jnp.int32)
     first_tile = jnp.concatenate([cum - per_leaf, jnp.zeros(1, cum.dtype)])[leaf]
     t0 = start[leaf] + tile * jnp.where(leaf < nleaf, k - first_tile, 0)
     t1 = jnp.minimum(t0 + tile, start[leaf + 1])
     return leaf, t0, t1
+
+
+def until(count, total: int, chunk: int, body, init):
+    """body(start, acc) for start = 0, chunk, ... below count (traced) and
+    total (static, a multiple of chunk): a loop that stops at the work
+    there is, where static bounds (an adaptive tree's bounded capacities)
+    hold far more than most points need."""
+    assert total % chunk == 0
+
+    def step(carry):
+        i, acc = carry
+        return i + 1, body(i * chunk, acc)
+
+    def more(carry):
+        return (carry[0] * chunk < count) & (carry[0] < total // chunk)
+
+    return jax.lax.while_loop(more, step, (jnp.zeros((), jnp.int32), init))[1]
+
+
+def in_steps(run, start, n_points: int, tile: int, leaves: int | None):
+    """run(leaf, t0, t1) (a pytree of sums over tiles, `leaf_tiles`) over
+    every tile: at once, or, where `leaves` (static) bounds the leaves that
+    hold points in most trees, in steps of the tiles that many leaves take,
+    as many as the tiles in use need (the first outside the loop). A tree
+    of many slots, most without points (bounded capacities), then runs
+    about the tiles its points fill, not the tiles its slots could."""
+    nleaf = start.shape[0] - 2
+    if leaves is None or leaves >= nleaf:
+        return run(*leaf_tiles(start, n_points, tile))
+    step = tile_count(n_points, leaves, tile)
+    total = round_up(tile_count(n_points, nleaf, tile), step)
+    used = _per_leaf(start, tile)[1][-1]
+    part = lambda first: run(*leaf_tiles(start, n_points, tile, first=first,  # noqa: E731
+                                         count=step))
+    add = lambda first, acc: jax.tree_util.tree_map(jnp.add, acc, part(first))  # noqa: E731
+    return until(used - step, total - step, step, lambda i, acc: add(i + step, acc), part(0))

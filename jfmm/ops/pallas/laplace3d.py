@@ -90,15 +90,17 @@ def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int,
             out_ref[i, k * p * p + j] = float(sign[j]) * jnp.sum(q[k] * y)
 
 
-def p2m(u, q, start, p: int, interpret: bool = False):
+def p2m(u, q, start, p: int, interpret: bool = False, tiles=None):
     """Multipoles of the leaves: (n_leaves, K, p^2).
 
     u: (N, 3) sorted box-local scaled source positions; q: (N, K) sorted
-    charges; start: (n_leaves + 2,) leaf ranges with an empty sentinel leaf.
+    charges; start: (n_leaves + 2,) leaf ranges with an empty sentinel leaf;
+    tiles: (leaf, t0, t1) of the tiles to run (`leaf_tiles` with TILE), or
+    None for all.
     """
     n, n_k = q.shape
     n_leaves = start.shape[0] - 2
-    leaf, t0, t1 = p2p.leaf_tiles(start, n, TILE)
+    leaf, t0, t1 = p2p.leaf_tiles(start, n, TILE) if tiles is None else tiles
     meta = jnp.stack([t0, t1], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
     body = functools.partial(_p2m_kernel, p=p, n_k=n_k, tile=TILE, interpret=interpret)
@@ -136,17 +138,17 @@ def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_out: int, tile: in
         out_ref[i, o, :] = acc[o]
 
 
-def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False):
+def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False, tiles=None):
     """Evaluate the leaves' local expansions at their targets.
 
     u: (M, 3) sorted scaled target positions; coef: (n_leaves, K, E, P) from
     `laplace3d.l2p_coefficients`; start: (n_leaves + 2,) target leaf ranges;
-    h: leaf side, a scalar or one per leaf (n_leaves,). Returns phi (M, K),
-    grad (M, K, 3) or None, sorted order.
+    h: leaf side, a scalar or one per leaf (n_leaves,); tiles: as in `p2m`.
+    Returns phi (M, K), grad (M, K, 3) or None, sorted order.
     """
     m = u.shape[0]
     n_leaves, n_k, n_e, n_p = coef.shape
-    leaf, t0, t1 = p2p.leaf_tiles(start, m, TILE)
+    leaf, t0, t1 = p2p.leaf_tiles(start, m, TILE) if tiles is None else tiles
     meta = jnp.stack([t0, leaf], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
     c = (coef * jnp.asarray(laplace3d._pair_weight(p), coef.dtype)).reshape(n_leaves, -1)

@@ -46,6 +46,12 @@ def test_near_field_matches_jnp(n_src, n_tgt, crowded, k, gradient, dtype, rng):
     if gradient:
         assert rel(got[1], np.asarray(want[1])) < tol
     assert np.isfinite(got[0]).all()
+    # tiles in steps of one leaf's worth (`tiles.in_steps`), both backends
+    for mode in ("jnp", "interpret"):
+        stepped = backend.near_field(*args, mode, leaves=1)
+        assert rel(stepped[0], np.asarray(want[0])) < tol, mode
+        if gradient:
+            assert rel(stepped[1], np.asarray(want[1])) < tol, mode
 
 
 @pytest.mark.parametrize("dim,level", [(3, 2), (3, 3), (2, 4)])
