@@ -48,19 +48,35 @@ def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int,
     """Local expansions of the leaves: (n_leaves, K, P). m2l(mult, level,
     mats): one level's far-field translation in place of `backend.m2l`
     (a device's share of it, `jfmm.distributed`)."""
-    loc = None
     basis = family.m2l_basis(ops)
-    for level in range(2, tree.depth + 1):
-        mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
-        m = mult[level]
+    levels = list(range(2, tree.depth + 1))
+    mats = [family.m2l_matrices(ops, kernel, tree.box_side(level), p) for level in levels]
+    ms = [mult[level] if basis is None
+          else jnp.einsum("bkq,eq->bke", mult[level], basis, precision=translate.HIGHEST)
+          for level in levels]
+    if m2l is None:                 # M2L reads multipoles alone: every level at once
+        far = [f for run in _sharing(mats) for f in backend.m2l_levels(
+            [ms[i] for i in run], [levels[i] for i in run], mats[run[0]], tree.dim, mode)]
+    else:
+        far = [m2l(m, level, mt) for m, level, mt in zip(ms, levels, mats)]
+    loc = None
+    for f in far:
         if basis is not None:
-            m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
-        far = (backend.m2l(m, level, mats, tree.dim, mode) if m2l is None
-               else m2l(m, level, mats))
-        if basis is not None:
-            far = jnp.einsum("bke,eq->bkq", far, basis, precision=translate.HIGHEST)
-        loc = far if loc is None else translate.l2l(loc, ops.l2l) + far
+            f = jnp.einsum("bke,eq->bkq", f, basis, precision=translate.HIGHEST)
+        loc = f if loc is None else translate.l2l(loc, ops.l2l) + f
     return loc
+
+
+def _sharing(mats) -> list:
+    """Runs of consecutive levels [[i, ...], ...] whose M2L operators are one
+    array (scaled expansions: 3D Laplace's every level)."""
+    runs = []
+    for i, m in enumerate(mats):
+        if runs and mats[runs[-1][0]] is m:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
@@ -237,7 +253,7 @@ def _busy_only(run, rows, busy, sentinel: int):
     alone, zeros elsewhere: the busy rows gathered to the front and run in
     chunks up to their count (`tiles.until`)."""
     t = rows.shape[0]
-    chunk = adaptive.FAR_CHUNK
+    chunk = translate.M2L_PARENTS           # the uniform tree's products' shape too
     size = -(-t // chunk) * chunk
     order, count = adaptive.first_true(busy, size)           # t where none
     packed = jnp.take(rows, order, axis=0, mode="fill", fill_value=sentinel)
@@ -266,15 +282,10 @@ def adaptive_m2l(tree: adaptive.AdaptiveTree, mult, family, ops, kernel: kernels
     a small one per level of a deep tree."""
     basis = family.m2l_basis(ops)
     ways = 2 ** tree.dim
-    groups = []                                        # [matrices, [level index, ...]]
-    for i, level in enumerate(levels):
-        mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
-        if groups and groups[-1][0] is mats:
-            groups[-1][1].append(i)
-        else:
-            groups.append([mats, [i]])
+    every = [family.m2l_matrices(ops, kernel, tree.box_side(level), p) for level in levels]
     out = []
-    for mats, members in groups:
+    for members in _sharing(every):
+        mats = every[members[0]]
         first = tree.offsets[levels[members[0]]]
         m = mult[first:tree.offsets[levels[members[-1]] + 1]]
         if basis is not None:
