@@ -48,35 +48,19 @@ def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int,
     """Local expansions of the leaves: (n_leaves, K, P). m2l(mult, level,
     mats): one level's far-field translation in place of `backend.m2l`
     (a device's share of it, `jfmm.distributed`)."""
-    basis = family.m2l_basis(ops)
-    levels = list(range(2, tree.depth + 1))
-    mats = [family.m2l_matrices(ops, kernel, tree.box_side(level), p) for level in levels]
-    ms = [mult[level] if basis is None
-          else jnp.einsum("bkq,eq->bke", mult[level], basis, precision=translate.HIGHEST)
-          for level in levels]
-    if m2l is None:                 # M2L reads multipoles alone: every level at once
-        far = [f for run in _sharing(mats) for f in backend.m2l_levels(
-            [ms[i] for i in run], [levels[i] for i in run], mats[run[0]], tree.dim, mode)]
-    else:
-        far = [m2l(m, level, mt) for m, level, mt in zip(ms, levels, mats)]
     loc = None
-    for f in far:
+    basis = family.m2l_basis(ops)
+    for level in range(2, tree.depth + 1):
+        mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
+        m = mult[level]
         if basis is not None:
-            f = jnp.einsum("bke,eq->bkq", f, basis, precision=translate.HIGHEST)
-        loc = f if loc is None else translate.l2l(loc, ops.l2l) + f
+            m = jnp.einsum("bkq,eq->bke", m, basis, precision=translate.HIGHEST)
+        far = (backend.m2l(m, level, mats, tree.dim, mode) if m2l is None
+               else m2l(m, level, mats))
+        if basis is not None:
+            far = jnp.einsum("bke,eq->bkq", far, basis, precision=translate.HIGHEST)
+        loc = far if loc is None else translate.l2l(loc, ops.l2l) + far
     return loc
-
-
-def _sharing(mats) -> list:
-    """Runs of consecutive levels [[i, ...], ...] whose M2L operators are one
-    array (scaled expansions: 3D Laplace's every level)."""
-    runs = []
-    for i, m in enumerate(mats):
-        if runs and mats[runs[-1][0]] is m:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
 
 
 def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
@@ -253,7 +237,7 @@ def _busy_only(run, rows, busy, sentinel: int):
     alone, zeros elsewhere: the busy rows gathered to the front and run in
     chunks up to their count (`tiles.until`)."""
     t = rows.shape[0]
-    chunk = translate.M2L_PARENTS           # the uniform tree's products' shape too
+    chunk = adaptive.FAR_CHUNK
     size = -(-t // chunk) * chunk
     order, count = adaptive.first_true(busy, size)           # t where none
     packed = jnp.take(rows, order, axis=0, mode="fill", fill_value=sentinel)
@@ -282,10 +266,15 @@ def adaptive_m2l(tree: adaptive.AdaptiveTree, mult, family, ops, kernel: kernels
     a small one per level of a deep tree."""
     basis = family.m2l_basis(ops)
     ways = 2 ** tree.dim
-    every = [family.m2l_matrices(ops, kernel, tree.box_side(level), p) for level in levels]
+    groups = []                                        # [matrices, [level index, ...]]
+    for i, level in enumerate(levels):
+        mats = family.m2l_matrices(ops, kernel, tree.box_side(level), p)
+        if groups and groups[-1][0] is mats:
+            groups[-1][1].append(i)
+        else:
+            groups.append([mats, [i]])
     out = []
-    for members in _sharing(every):
-        mats = every[members[0]]
+    for mats, members in groups:
         first = tree.offsets[levels[members[0]]]
         m = mult[first:tree.offsets[levels[members[-1]] + 1]]
         if basis is not None:

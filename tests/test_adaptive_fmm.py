@@ -166,7 +166,6 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
     # leaf), under the bar that large trees are chosen by.
     assert float(crowding(crowded, None, 3)) > 10 > 1.5 > float(crowding(even, None, 3))
     monkeypatch.setattr(configure, "CROWDING", 5.0)
-    monkeypatch.setattr(adaptive, "BOUNDED_LEVELS", 3)       # fewer levels to compile
     assert jfmm.plan(crowded, **opts).config.tree == "adaptive"
     assert jfmm.plan(even, **opts).config.tree == "uniform"
     q = charges(1000, rng)

@@ -212,15 +212,6 @@ def m2l(mult, level: int, mats, dim: int, mode: str):
     return pallas_m2l.m2l(mult, level, mats, dim, _m2l, interpret=mode == "interpret")
 
 
-def m2l_levels(mults: list, levels, mats, dim: int, mode: str) -> list:
-    """`m2l` of several levels sharing the operators `mats`: one
-    `translate.m2l_levels` where the Pallas M2L tiles are not chosen."""
-    if mode == "jnp" or _m2l in M2L_CHOICES or not isinstance(mats, jax.Array):
-        return translate.m2l_levels(mults, levels, mats, dim,
-                                    bf16x6=mode != "jnp" and _m2l == "bf16x6")
-    return [m2l(m, level, mats, dim, mode) for m, level in zip(mults, levels)]
-
-
 def m2l_blocks(grouped, cols, mats, dim: int, mode: str):
     """`jfmm.ops.translate.m2l_blocks` on backend `mode` (the Pallas M2L
     tiles serve the dense grid alone; blocks take the bf16x6 products)."""

@@ -15,19 +15,6 @@ import numpy as np
 from jfmm.tree import lists
 
 HIGHEST = jax.lax.Precision.HIGHEST
-# On a GPU, M2M and L2L of fewer multiply-adds than this are sums of
-# products, not matrix products: its compiler tunes every shape of matrix
-# product it meets (about a second each, the most of a jitted call's
-# compilation), and a tree's shallow levels are small, each of its own shape.
-SMALL_PRODUCTS = 2 ** 27
-# Parents per product of `m2l_blocks` at most: one shape for every level,
-# tree and set of levels it serves (each shape is tuned apart).
-M2L_PARENTS = 1024
-
-
-def _small(parents: int, k: int, mats) -> bool:
-    return (jax.default_backend() == "gpu"
-            and parents * k * mats.shape[0] * mats.shape[1] * mats.shape[2] < SMALL_PRODUCTS)
 
 
 def m2m(child, mats):
@@ -37,17 +24,12 @@ def m2m(child, mats):
     """
     nc = mats.shape[0]
     c = child.reshape((-1, nc) + child.shape[1:])
-    if _small(c.shape[0], child.shape[1], mats):
-        return jnp.sum(c[:, :, :, None, :] * mats[None, :, None], axis=(1, 4))
     return jnp.einsum("bckq,cpq->bkp", c, mats, precision=HIGHEST)
 
 
 def l2l(parent, mats):
     """Parents' locals (B, K, P) -> children's (2^d B, K, P)."""
-    if _small(parent.shape[0], parent.shape[1], mats):
-        out = jnp.sum(parent[:, None, :, None, :] * mats[None, :, None], axis=-1)
-    else:
-        out = jnp.einsum("bkq,cpq->bckp", parent, mats, precision=HIGHEST)
+    out = jnp.einsum("bkq,cpq->bckp", parent, mats, precision=HIGHEST)
     return out.reshape((-1,) + out.shape[2:])
 
 
@@ -103,23 +85,6 @@ def stores_m2l(limits: dict, count: int, size: int, dtype) -> bool:
 # `m2l` may hold; beyond them it loops (over parent chunks, or over the 3^d
 # neighbour positions when the operators alone are too large).
 GATHER_BYTES = 2 ** 28
-
-
-def m2l_levels(mults: list, levels, mats, dim: int, bf16x6: bool = False) -> list:
-    """`m2l` of several levels sharing one array of operators (scaled
-    expansions: 3D Laplace's every level) as one `m2l_blocks` over their
-    blocks side by side: one shape of product for a whole tree, not a few
-    small ones per level."""
-    nc = 2 ** dim
-    grouped = jnp.concatenate([m.reshape((-1, nc) + m.shape[1:]) for m in mults])
-    rows, first = [], 0
-    for m, level in zip(mults, levels):
-        b = m.shape[0] // nc
-        near = lists.neighbors(level - 1, dim)
-        rows.append(jnp.where(near < b, near + first, grouped.shape[0]))
-        first += b
-    out = m2l_blocks(grouped, jnp.concatenate(rows), mats, dim, bf16x6)
-    return jnp.split(out, np.cumsum([m.shape[0] for m in mults])[:-1])
 
 
 def m2l(mult, level: int, mats, dim: int, bf16x6: bool = False):
@@ -178,7 +143,7 @@ def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
     # chunk): splitting once per level measured slower (docs/design.md).
     w = mats[slots[keep]]                               # (J, 2^d src, 2^d tgt, P, P)
     per_parent = len(keep) * nc * k * p * item
-    chunk = min(t, M2L_PARENTS, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))
+    chunk = min(t, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))
 
     def apply(c):                                       # (C, J) -> (C, 2^d, K, P)
         return _product("bjskq,jscpq->bckp", grouped[c], w, bf16x6,

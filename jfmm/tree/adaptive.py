@@ -111,9 +111,8 @@ BOUNDED_LEVELS = 9
 # below that: what small sets need most (Plummer, 2^13 points in 32
 # leaves: 56 splits at a level).
 BOUNDED_CLUSTERS = 8
-# Entries of the W and X work lists per step of a loop that stops at their
-# count (bounded capacities hold every case, most unused; the busy M2L
-# blocks step likewise, by `translate.M2L_PARENTS`).
+# Entries of the W and X work lists, M2L blocks, per step of a loop that
+# stops at their count (bounded capacities hold every case, most unused).
 FAR_CHUNK = 1024
 # Leaves that hold points per leaf of points (n / leaf_size): the tiles of a
 # bounded tree's near field, P2M and L2P run in steps of what this many

@@ -101,25 +101,3 @@ def test_gpu_m2l_paths_vmap(rng):
     tiles = pallas_m2l.Tiles(parents=16, width=16)
     kernel = jax.vmap(lambda m: pallas_m2l.m2l(m, 2, mats, 3, tiles, interpret=True))(batch)
     assert rel(split, want) < 1e-6 and rel(kernel, want) < 1e-6
-
-
-def test_levels_side_by_side_and_small_products(rng, monkeypatch):
-    """M2L of levels 2-4 as one product over their blocks, in steps of few
-    parents, against each level alone; M2M and L2L as sums of products
-    (a GPU's small levels) against numpy."""
-    n_off = len(lists.m2l_offsets(3))
-    mats = jnp.asarray(rng.normal(size=(n_off + 1, 10, 10))).at[-1].set(0)
-    levels = [2, 3, 4]
-    mults = [jnp.asarray(rng.normal(size=(8 ** level, 2, 10))) for level in levels]
-    want = [translate.m2l(m, level, mats, 3) for m, level in zip(mults, levels)]
-    monkeypatch.setattr(translate, "M2L_PARENTS", 16)
-    got = translate.m2l_levels(mults, levels, mats, 3)
-    assert all(rel(g, w) < 1e-13 for g, w in zip(got, want))
-
-    monkeypatch.setattr(translate, "_small", lambda *a: True)
-    ops = rng.normal(size=(8, 7, 10))
-    child, parent = rng.normal(size=(64, 2, 10)), rng.normal(size=(8, 2, 10))
-    assert rel(translate.m2m(jnp.asarray(child), jnp.asarray(ops)),
-               np.einsum("bckq,cpq->bkp", child.reshape(8, 8, 2, 10), ops)) < 1e-14
-    assert rel(translate.l2l(jnp.asarray(parent), jnp.asarray(ops)),
-               np.einsum("bkq,cpq->bckp", parent, ops).reshape(64, 2, 7)) < 1e-14
