@@ -183,8 +183,8 @@ def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f):
 
     zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
                                    jax.eval_shape(part, 0))
-    return tiles.until(count, tile.shape[0], chunk,
-                  lambda start, acc: jax.tree_util.tree_map(jnp.add, acc, part(start)), zeros)
+    add = lambda start, acc: jax.tree_util.tree_map(jnp.add, acc, part(start))   # noqa: E731
+    return tiles.until(count, tile.shape[0], chunk, add, zeros)
 
 
 def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, side,
@@ -249,7 +249,7 @@ def _busy_only(run, rows, busy, sentinel: int):
         return jax.lax.dynamic_update_slice_in_dim(acc, got, start * ways, 0)
 
     out = tiles.until(count, size, chunk, part,
-                 jnp.zeros((size * ways,) + shape.shape[1:], shape.dtype))
+                      jnp.zeros((size * ways,) + shape.shape[1:], shape.dtype))
     dest = (order[:, None] * ways + jnp.arange(ways, dtype=order.dtype)).reshape(-1)
     return jnp.zeros((t * ways,) + shape.shape[1:], shape.dtype).at[dest].set(
         out, mode="drop", unique_indices=True)
@@ -260,10 +260,11 @@ def adaptive_m2l(tree: adaptive.AdaptiveTree, mult, family, ops, kernel: kernels
     """M2L into the busy blocks of `levels`: for each level, (t 2^d, K, P)
     locals of its t blocks (`tree.level_blocks`, given as busy_of), whose
     colleagues' children are the blocks `cols` (t, 3^d) of that level
-    (nblk where none); on a bounded tree only the busy ones are run. M2L reads multipoles alone, so levels sharing one array of
-    matrices (scaled expansions: 3D Laplace's every level) run as one
-    product over their blocks side by side: one large product instead of
-    a small one per level of a deep tree."""
+    (nblk where none); on a bounded tree only the busy ones are run. M2L
+    reads multipoles alone, so levels sharing one array of matrices
+    (scaled expansions: 3D Laplace's every level) run as one product over
+    their blocks side by side: one large product instead of a small one
+    per level of a deep tree."""
     basis = family.m2l_basis(ops)
     ways = 2 ** tree.dim
     groups = []                                        # [matrices, [level index, ...]]
