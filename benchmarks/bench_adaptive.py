@@ -105,11 +105,12 @@ def jit_rows(args, dtype, rng):
                 cfg = configure.choose_tree(configure.resolve_eager(
                     x, None, jfmm.kernels.Laplace3D(), eps, None, None, None, True), x, None)
                 crowd = float(crowding(x, None, cfg.depth))
+                bar = configure.crowding_bar(3, cfg.depth)
                 (phi, grad), jit_s = first_time(call, x, q)
                 dx, grad_s = first_time(force, x, q)
                 tree = jax.jit(lambda a: jfmm.api._adaptive_tree(a, None, cfg.leaf))
                 row = dict(points=kind, n=n, dtype=args.dtype, eps=eps,
-                           tree=("adaptive" if crowd > configure.CROWDING else "uniform")
+                           tree=("adaptive" if bar is not None and crowd > bar else "uniform")
                            + f" ({crowd:.0f})",
                            eager_ms=1e3 * median_time(lambda a, c: jfmm.fmm(a, c, eps=eps,
                                                                             gradient=True),

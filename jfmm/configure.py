@@ -48,6 +48,7 @@ TREES = ("auto", "uniform", "adaptive")
 # sphere's surface (crowding 4.4) ran 9.2 ms on the uniform tree and 24 on
 # the adaptive one, Plummer (1,180) 808 against 30, clusters (530) 357
 # against 44; the bar sits between them, where nothing was measured.
+# Shallower trees cannot reach it (`crowding_bar`).
 CROWDING = 20.0
 # An adaptive tree's leaves hold at most this many times the uniform tree's
 # mean points per leaf, by dtype (larger leaves: more pairs for the near
@@ -169,7 +170,7 @@ def _check_tree(tree) -> str:
 def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None,
                 mesh=None) -> Config:
     """The configuration on the tree `tree` asks for ("auto": adaptive
-    where the points crowd the uniform tree, CROWDING). Only the series
+    where the points crowd the uniform tree, `crowding_bar`). Only the series
     and Chebyshev families with far fields run on adaptive trees (the fast
     Gauss transform has its grid; the near field alone and the direct sum
     keep the uniform boxes their choice was made for; "auto" keeps float32
@@ -202,11 +203,10 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
                              "jfmm.plan(..., tree='adaptive') and move its points inside "
                              "with Plan.update")
         return config
-    most = 2.0 ** (sources.shape[1] * config.depth) / 3.0 ** sources.shape[1]
-    if traced and tree == "auto" and (most <= CROWDING or mesh is not None):
-        # No points crowd a tree this shallow past the bar (all in one leaf:
-        # `most`), so only the uniform tree is compiled; on a mesh traced
-        # points keep it as well.
+    bar = crowding_bar(sources.shape[1], config.depth)
+    if traced and tree == "auto" and (bar is None or mesh is not None):
+        # A tree this shallow keeps the uniform tree whatever the points, so
+        # only it is compiled; on a mesh traced points keep it as well.
         return config
     if traced:
         # A tree of bounded capacities (`adaptive.bounded_capacities`), which
@@ -224,12 +224,29 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
         if (config.name == "chebyshev" and config.gradient
                 and jnp.dtype(sources.dtype) == jnp.float32):
             return config
+        if bar is None:
+            return config
         with jax.ensure_compile_time_eval():
-            crowded = float(_tree.crowding(sources, targets, config.depth)) > CROWDING
+            crowded = float(_tree.crowding(sources, targets, config.depth)) > bar
         if not crowded:
             return config
     return dataclasses.replace(config, tree="adaptive",
                                leaf=adaptive_leaf(config, sources, targets))
+
+
+def crowding_bar(dim: int, depth: int) -> float | None:
+    """The crowding above which "auto" takes the adaptive tree over the
+    uniform one of `depth`: CROWDING, or on trees too shallow to reach it
+    half the most there is (all points in one leaf's neighbourhood), where
+    the near field holds half of all pairs. None below depth 3: the near
+    field holds most pairs whatever the points. 2-core CPU, float64 eps
+    1e-6, 2^16 points at depth 3 (most 19): Plummer (crowding 18.9) 43.7 s
+    on the uniform tree, 10.6 on the adaptive one; clusters (18.2) 33.3
+    against 8.9; the cube (0.9) 6.3 against 6.6, a sphere (1.1) 7.8
+    against 6.5. At 2^14, depth 2, Plummer took 6.1 s on either."""
+    if depth < 3:
+        return None
+    return min(CROWDING, 2.0 ** (dim * depth) / 3.0 ** dim / 2)
 
 
 def adaptive_leaf(config: Config, sources, targets) -> int:
@@ -493,7 +510,7 @@ CROWDING_SAMPLE = 2 ** 16
 def crowded(config: Config, sources, targets):
     """Whether traced points crowd the uniform tree of the fallback's depth
     (`jfmm.tree.crowding` of an evenly strided sample of at most
-    CROWDING_SAMPLE of each above CROWDING): where an adaptive
+    CROWDING_SAMPLE of each above `crowding_bar`): where an adaptive
     configuration with a uniform fallback takes its adaptive tree. A
     traced bool; under vmap one for the whole batch (any member crowded:
     the adaptive tree for all), so that `lax.cond` runs one branch."""
@@ -501,7 +518,8 @@ def crowded(config: Config, sources, targets):
         return None if x is None else x[::max(1, -(-x.shape[0] // CROWDING_SAMPLE))]
 
     pts = jax.lax.stop_gradient((few(sources), few(targets)))
-    return _whole_batch(_tree.crowding(*pts, config.fallback.depth) > CROWDING)
+    bar = crowding_bar(sources.shape[1], config.fallback.depth)
+    return _whole_batch(_tree.crowding(*pts, config.fallback.depth) > bar)
 
 
 @jax.custom_batching.custom_vmap

@@ -154,7 +154,7 @@ def test_derivatives_on_an_adaptive_plan(rng):
     assert rel(fast(q, pl), np.asarray(want)) <= 3e-4
 
 
-def test_the_tree_auto_chooses(rng, monkeypatch):
+def test_the_tree_auto_chooses(rng):
     """"auto": adaptive where the points crowd the uniform tree, uniform on
     uniform points, for concrete and traced points alike (traced: chosen
     at run time; under vmap one tree for the batch, adaptive where any
@@ -163,11 +163,14 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
     crowded, even = scales(1000, rng, 3, 3), points("cube", 1000, rng, 3)
     opts = dict(eps=1e-4, leaf_size=2)              # depth 3
     # At depth 3 crowding stays below 8^3 / 3^3 = 19 (all points in one
-    # leaf), under the bar that large trees are chosen by.
+    # leaf), under the bar that large trees are chosen by: there the bar is
+    # half of that (`configure.crowding_bar`), and below depth 3 none.
     assert float(crowding(crowded, None, 3)) > 10 > 1.5 > float(crowding(even, None, 3))
-    monkeypatch.setattr(configure, "CROWDING", 5.0)
+    assert configure.crowding_bar(3, 3) < 10 and configure.crowding_bar(3, 2) is None
     assert jfmm.plan(crowded, **opts).config.tree == "adaptive"
     assert jfmm.plan(even, **opts).config.tree == "uniform"
+    shallow = jfmm.plan(crowded, eps=1e-4, leaf_size=16)
+    assert shallow.config.depth == 2 and shallow.config.tree == "uniform"
     q = charges(1000, rng)
     phi = jfmm.fmm(crowded, q, **opts)                        # eager: adaptive
     assert rel(phi, radial_reference(K.Laplace3D(), crowded, q, gradient=False)[0]) <= 1e-4
