@@ -656,10 +656,10 @@ def _bounded_levels(state, leaf_size: int, levels: tuple, leaf_of):
     carry = ((box,) + _padded(state[4:], size), leaf_of)
     (_, leaf_of), ys = jax.lax.scan(one, carry, jnp.arange(n_levels, dtype=jnp.int32))
     # local indices past a level's slots are its sentinels (`_assemble` compares)
+    valid, coll, split, first, parent = ys
     nexts = tuple(levels[1:]) + (0,)
     steps = [(valid[l, :cap], coll[l, :cap], split[l, :cap], first[l, :cap], parent[l, :nxt])
-             for l, (cap, nxt) in enumerate(zip(levels, nexts))
-             for valid, coll, split, first, parent in [ys]]
+             for l, (cap, nxt) in enumerate(zip(levels, nexts))]
     return steps, leaf_of
 
 

@@ -177,10 +177,9 @@ def crowding(sources, targets, depth: int):
     d = sources.shape[1]
     lo, side = root_box(sources if targets is None else jnp.concatenate([sources, targets]))
 
-    def counts(points):     # by sorting: a GPU's atomics would pile onto crowded leaves
-        keys = jnp.sort(morton.encode(leaf_coords(points, lo, side, depth), depth))
-        edges = jnp.searchsorted(keys, jnp.arange(2 ** (d * depth) + 1, dtype=keys.dtype))
-        return jnp.concatenate([jnp.diff(edges), jnp.zeros(1, edges.dtype)]).astype(jnp.float32)
+    def counts(points):
+        keys = morton.encode(leaf_coords(points, lo, side, depth), depth)
+        return jnp.zeros(2 ** (d * depth) + 1, jnp.float32).at[keys].add(1.0)
 
     src = counts(sources)
     tgt = src if targets is None else counts(targets)
