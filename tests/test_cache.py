@@ -14,6 +14,7 @@ import jax, jfmm
 from jfmm import _cache
 home = os.environ["XDG_CACHE_HOME"]
 assert jax.config.jax_compilation_cache_dir == os.path.join(home, "jfmm", "xla")
+assert jax.config.jax_persistent_cache_min_compile_time_secs == 0     # every program kept
 jax.config.update("jax_compilation_cache_dir", None)
 os.environ["JFMM_COMPILATION_CACHE"] = os.path.join(home, "mine")
 assert _cache.folder() == os.path.join(home, "mine")
