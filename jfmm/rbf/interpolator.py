@@ -750,10 +750,16 @@ def _krylov_solve(levels, values, p, settings):
         c, conv = system.solve(levels, v, settings)
         return c, conv.iterations, conv.residual
 
-    c, iterations, residual = jax.vmap(column, in_axes=1, out_axes=(1, 0, 0))(values)
+    def columns(f, v, out_axes):
+        # One column (the common case) without vmap: tracing through the
+        # batching interpreter lengthened the solve's trace.
+        if v.shape[1] == 1:
+            return jax.tree_util.tree_map(jnp.expand_dims, f(v[:, 0]), out_axes)
+        return jax.vmap(f, in_axes=1, out_axes=out_axes)(v)
+
+    c, iterations, residual = columns(column, values, (1, 0, 0))
     if p.shape[1]:
-        rest = values - jax.vmap(lambda col: system.apply(top, col), in_axes=1,
-                                 out_axes=1)(c)
+        rest = values - columns(lambda col: system.apply(top, col), c, 1)
         a = jnp.linalg.lstsq(p, rest)[0]
     else:
         a = jnp.zeros((0, values.shape[1]), values.dtype)
