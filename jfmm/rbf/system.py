@@ -139,8 +139,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
             local = schwarz.coarsen(y[idx], groups, settings.core // settings.ratio)
             sub = jnp.asarray(local, jnp.int32)
             down = pair_sum(pts[local], pts, kernel, eps, order)
-            c, e = schwarz.subdomains(y[idx], groups, settings.extended)
-            cores, ext = jnp.asarray(c), jnp.asarray(e)
+            cores, ext = schwarz.subdomains(pts, groups, settings.extended)
         levels.append(Level(pts, jnp.asarray(idx, jnp.int32), smooth,
                             _projector(pts, exponents), own, down, sub, cores, ext, None))
         if last:

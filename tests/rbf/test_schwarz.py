@@ -1,0 +1,58 @@
+"""The Schwarz preconditioner's geometry: extended sets searched on the
+device against scipy's k-d tree on the host (float64, fresh draws)."""
+import numpy as np
+import pytest
+
+from jfmm.rbf import schwarz
+
+
+def cloud(kind, n, rng):
+    if kind == "uniform":
+        return rng.random((n, 3))
+    if kind == "clusters":          # three clusters over two decades of width
+        centres = rng.random((3, 3))
+        width = np.array([0.002, 0.02, 0.2])[rng.integers(0, 3, n)]
+        return centres[rng.integers(0, 3, n)] + width[:, None] * rng.normal(size=(n, 3))
+    heads = rng.random((40, 2))     # points along vertical lines
+    return np.concatenate([heads[rng.integers(0, 40, n)], rng.random((n, 1))], axis=1)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "clusters", "lines"])
+@pytest.mark.parametrize("candidates", [64, 2])
+def test_extended_sets_are_the_nearest_points(kind, candidates, rng):
+    """Every core's extended set: its core, then the points nearest its
+    centroid outside it, the same as the k-d tree's, whether the device
+    search is exact (32 candidate cores) or falls back (2)."""
+    x = cloud(kind, 6000, rng)
+    groups = schwarz.padded(schwarz.median_groups(x, 32), 32, -1)
+    cores, ext = schwarz.subdomains(x, groups, 256, candidates=candidates, device=True)
+    host_cores, host_ext = schwarz._subdomains_host(x, groups, 256)
+    np.testing.assert_array_equal(cores, host_cores)
+    assert ext.shape == host_ext.shape == (len(groups), 256)
+    ext, host_ext = np.asarray(ext), np.asarray(host_ext)
+    np.testing.assert_array_equal(ext[:, :32], host_ext[:, :32])
+    # The same points (ties in distance may order them differently).
+    np.testing.assert_array_equal(np.sort(ext[:, 32:], 1), np.sort(host_ext[:, 32:], 1))
+    # Independently: the extra points are the nearest outside the core.
+    valid = groups >= 0
+    centres = (x[np.where(valid, groups, 0)] * valid[..., None]).sum(1) / valid.sum(1)[:, None]
+    for g in rng.choice(len(groups), 20, replace=False):
+        d = np.sum((x - centres[g]) ** 2, axis=1)
+        d[groups[g][valid[g]]] = np.inf
+        np.testing.assert_array_equal(np.sort(ext[g, 32:]), np.sort(np.argsort(d)[:224]))
+
+
+def test_small_sets_take_what_there_is(rng):
+    """Fewer points than an extended set: sets of n columns, each its core
+    (padded with the sentinel n) and the nearest points outside it, as the
+    k-d tree's."""
+    x = rng.random((100, 3))
+    groups = schwarz.padded(schwarz.median_groups(x, 32), 32, -1)
+    cores, ext = schwarz.subdomains(x, groups, 256, device=True)
+    host = np.asarray(schwarz._subdomains_host(x, groups, 256)[1])
+    ext = np.asarray(ext)
+    assert ext.shape == host.shape == (len(groups), 100)
+    np.testing.assert_array_equal(np.sort(ext, 1), np.sort(host, 1))
+    for g, row in enumerate(ext):
+        inside = set(groups[g][groups[g] >= 0])
+        assert not inside & set(row[32:]) and len(set(row[row < 100])) == len(row[row < 100])
