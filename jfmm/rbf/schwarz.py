@@ -13,12 +13,10 @@ centre, so coarse points follow the density), the coarse problem is solved first
 its residual removed by one sum from coarse to fine points, and the
 subdomain solves act on what is left. The coarsest level is a dense solve.
 
-Geometry (which points, which subdomains) is decided once from the
-concrete data points, with shapes fixed by their number (median splits on
-the device; the extended sets by scipy's k-d tree, or on a GPU by a
-checked search on the device); the local inverses depend on the kernel and
-the smoothing and are rebuilt on the device (batched dense solves)
-whenever they change.
+Geometry (which points, which subdomains) is decided on the host from the
+concrete data points, once; the local inverses depend on the kernel and the
+smoothing and are rebuilt on the device (batched dense solves) whenever
+they change.
 """
 from __future__ import annotations
 
@@ -31,68 +29,69 @@ import numpy as np
 from jfmm.rbf import polynomial
 
 
-def median_splits(x, core: int, parts: int):
-    """The subdomains' cores and the next level's points of x (n, d), by
-    median splits on the device.
+def median_groups(x: np.ndarray, size: int) -> list[np.ndarray]:
+    """Index groups of at most `size` points of x (n, d) by median splits
+    along the widest axis of each group's points: the leaves of scipy's
+    balanced k-d tree with leaves of `size` (the same splits, made in C;
+    a loop over groups in numpy took 1.5 s at 10^6 points against 0.7 s)."""
+    from scipy.spatial import cKDTree
 
-    Each group is split at its median rank along its bounding box's widest
-    axis (ties in order of position) until every group holds at most
-    `core` points: G = 2^L groups of floor or ceil of n / G points, a
-    number fixed by n alone, so that new data of the same size take the
-    same shapes (scipy's balanced k-d tree split unevenly at tied
-    coordinates, points along lines, and a new draw recompiled the solve).
-    Each group is split `parts` (a power of 2) times further, and of each
-    part the point nearest its centroid is kept, so that coarse points
-    follow the density. Returns the cores (G, core) int32, padded with -1,
-    and the coarse points' sorted indices (G parts,) int32. On the 2-core
-    CPU: 0.05 s at 2x10^4 points, 0.27 s at 10^5, 3.6 s at 10^6 (scipy's
-    k-d tree with the old numpy halvings: 0.02, 0.11 and 1.1 s)."""
-    n = x.shape[0]
-    if not 1 <= parts <= core // 2:
-        raise ValueError(f"parts must be between 1 and core / 2, got {parts} for core {core}")
-    depth = max(int(np.ceil(np.log2(n / core))), 0)
-    extra = int(np.log2(parts))
-    groups, coarse = _median_splits(jnp.asarray(x), depth=depth, extra=extra, core=core)
-    return groups, coarse
+    tree = cKDTree(x, leafsize=size, balanced_tree=True, compact_nodes=True)
+    out, stack = [], [tree.tree]
+    while stack:
+        node = stack.pop()
+        if node.split_dim == -1:        # a leaf; coincident points stay unsplit
+            idx = tree.indices[node.start_idx:node.end_idx]
+            out += np.array_split(idx, -(-len(idx) // size))
+        else:
+            stack += [node.greater, node.lesser]
+    return out
 
 
-@functools.partial(jax.jit, static_argnames=("depth", "extra", "core"))
-def _median_splits(x, depth: int, extra: int, core: int):
-    n = x.shape[0]
-    size = core << depth                                  # slots: 2^depth groups of `core`
+def padded(groups: list[np.ndarray], width: int, fill: int) -> np.ndarray:
+    """Index groups as rows (G, width), padded with `fill`."""
+    sizes = np.array([len(g) for g in groups])
+    rows = np.repeat(np.arange(len(groups)), sizes)
+    cols = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    out = np.full((len(groups), width), fill, np.int64)
+    out[rows, cols] = np.concatenate(groups)
+    return out
 
-    def halve(rows):
-        """Each row (indices, -1 for padding) split at its median rank
-        along its widest axis: (G, m) -> (2G, m / 2)."""
-        valid = rows >= 0
-        pts = x[jnp.maximum(rows, 0)]
-        lo = jnp.min(jnp.where(valid[..., None], pts, jnp.inf), 1)
-        hi = jnp.max(jnp.where(valid[..., None], pts, -jnp.inf), 1)
-        axis = jnp.argmax(hi - lo, axis=1)
-        key = jnp.take_along_axis(pts, axis[:, None, None], 2)[..., 0]
-        _, ranked = jax.lax.sort((jnp.where(valid, key, jnp.inf), rows), dimension=1,
-                                 num_keys=1, is_stable=True)
-        half = valid.sum(1, keepdims=True) // 2
-        width = rows.shape[1] // 2
-        slot = jnp.arange(width)[None, :]
-        left = jnp.where(slot < half, ranked[:, :width], -1)
-        right = jnp.take_along_axis(ranked, jnp.minimum(half + slot, rows.shape[1] - 1), 1)
-        right = jnp.where(half + slot < valid.sum(1, keepdims=True), right, -1)
-        return jnp.concatenate([left[:, None], right[:, None]], 1).reshape(-1, width)
 
-    rows = jnp.where(jnp.arange(size) < n, jnp.arange(size), -1).astype(jnp.int32)[None]
-    for _ in range(depth):
-        rows = halve(rows)
-    groups = rows
-    for _ in range(extra):
-        rows = halve(rows)
+def _halve(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Each row (of indices into x, -1 for padding) split at its median
+    along its widest axis: (G, m) -> (2G, m / 2)."""
     valid = rows >= 0
-    pts = x[jnp.maximum(rows, 0)]
-    w = valid[..., None].astype(x.dtype)
-    centre = jnp.sum(pts * w, 1) / jnp.sum(w, 1)
-    dist = jnp.where(valid, jnp.sum((pts - centre[:, None]) ** 2, -1), jnp.inf)
-    nearest = jnp.take_along_axis(rows, jnp.argmin(dist, 1)[:, None], 1)[:, 0]
-    return groups, jnp.sort(nearest)
+    pts = x[np.where(valid, rows, 0)]
+    lo = np.where(valid[..., None], pts, np.inf).min(1)
+    hi = np.where(valid[..., None], pts, -np.inf).max(1)
+    axis = np.argmax(hi - lo, axis=1)
+    key = np.where(valid, np.take_along_axis(pts, axis[:, None, None], 2)[..., 0], np.inf)
+    ranked = np.take_along_axis(rows, np.argsort(key, axis=1, kind="stable"), 1)
+    count = valid.sum(1, keepdims=True)
+    half, width = count // 2, rows.shape[1] // 2
+    slot = np.arange(width)[None, :]
+    left = np.where(slot < half, ranked[:, :width], -1)
+    right = np.take_along_axis(ranked, np.minimum(half + slot, rows.shape[1] - 1), 1)
+    right = np.where(half + slot < count, right, -1)
+    return np.concatenate([left, right])
+
+
+def coarsen(x: np.ndarray, groups: np.ndarray, parts: int) -> np.ndarray:
+    """Sorted indices of the coarse points: each median-split group (rows
+    of `groups`, padded with -1) halved further into `parts` (a power of 2)
+    groups, and of each the point nearest its centroid, so coarse points
+    follow the density."""
+    rows = groups
+    while rows.shape[0] < parts * groups.shape[0]:
+        rows = _halve(x, rows)
+    valid = rows >= 0
+    keep = valid.any(1)
+    rows, valid = rows[keep], valid[keep]
+    pts = x[np.where(valid, rows, 0)]
+    centre = (pts * valid[..., None]).sum(1) / valid.sum(1)[:, None]
+    dist = np.where(valid, np.sum((pts - centre[:, None]) ** 2, axis=-1), np.inf)
+    return np.sort(rows[np.arange(len(rows)), np.argmin(dist, axis=1)])
 
 
 # Points from which a GPU searches the extended sets itself (below, scipy's
@@ -178,7 +177,6 @@ def _subdomains_host(x: np.ndarray, groups: np.ndarray, extended: int, rows=None
     """`subdomains` by scipy's k-d tree, of the cores `rows` (default all)."""
     from scipy.spatial import cKDTree
 
-    groups = np.asarray(groups)
     n, core = len(x), groups.shape[1]
     m_ext = min(extended, n)
     valid = groups >= 0

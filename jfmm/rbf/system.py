@@ -11,7 +11,7 @@ flat positive definite kernels with smoothing a Nystrom one
 (`jfmm.rbf.nystrom`) on the data points alone.
 
 Levels (Schwarz): level 0 holds the data points; level l + 1 a coarse
-subset of level l (`schwarz.median_splits`); the last level is solved densely. Every sum
+subset of level l (`schwarz.coarsen`); the last level is solved densely. Every sum
 between point sets is one `PairSum`: an FMM `Plan` built once (tree,
 family, order), or the direct sum where that is cheaper.
 """
@@ -120,8 +120,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
               settings: Settings) -> tuple[Level, ...]:
     """The levels for data points y (n, d) (host copy, float64), their
     device copy `points` and smoothing (n,), without local inverses
-    (`with_parameters` adds them). Host work: k-NN queries (on the device
-    on a GPU from `schwarz.DEVICE_SEARCH` points)."""
+    (`with_parameters` adds them). Host work: median splits, k-NN queries."""
     idx, order, levels = np.arange(len(y)), None, []
     if settings.preconditioner == "nystrom":
         own = pair_sum(points, points, kernel, eps)
@@ -135,9 +134,10 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
             own = pair_sum(pts, pts, kernel, eps, order)
             order = order if own.plan is None else own.plan.order
         if not last:
-            groups, sub = schwarz.median_splits(pts, settings.core,
-                                                settings.core // settings.ratio)
-            local = np.asarray(sub)
+            groups = schwarz.padded(schwarz.median_groups(y[idx], settings.core),
+                                    settings.core, -1)
+            local = schwarz.coarsen(y[idx], groups, settings.core // settings.ratio)
+            sub = jnp.asarray(local, jnp.int32)
             down = pair_sum(pts[local], pts, kernel, eps, order)
             cores, ext = schwarz.subdomains(pts, groups, settings.extended)
         levels.append(Level(pts, jnp.asarray(idx, jnp.int32), smooth,
