@@ -136,7 +136,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
         if not last:
             groups = schwarz.padded(schwarz.median_groups(y[idx], settings.core),
                                     settings.core, -1)
-            local = schwarz.coarsen(y[idx], groups, settings.core // settings.ratio)
+            local = schwarz.coarsen(pts, groups, settings.core // settings.ratio)
             sub = jnp.asarray(local, jnp.int32)
             down = pair_sum(pts[local], pts, kernel, eps, order)
             cores, ext = schwarz.subdomains(pts, groups, settings.extended)

@@ -1,5 +1,6 @@
-"""The Schwarz preconditioner's geometry: extended sets searched on the
-device against scipy's k-d tree on the host (float64, fresh draws)."""
+"""The Schwarz preconditioner's geometry: coarse points against numpy,
+extended sets searched on the device against scipy's k-d tree on the
+host (float64, fresh draws)."""
 import numpy as np
 import pytest
 
@@ -15,6 +16,33 @@ def cloud(kind, n, rng):
         return centres[rng.integers(0, 3, n)] + width[:, None] * rng.normal(size=(n, 3))
     heads = rng.random((40, 2))     # points along vertical lines
     return np.concatenate([heads[rng.integers(0, 40, n)], rng.random((n, 1))], axis=1)
+
+
+def reference_splits(x, idx, levels):
+    """Median splits in numpy, recursively: each group split at its median
+    rank along its widest axis (ties in the group's order), `levels` times."""
+    if levels == 0:
+        return [idx]
+    pts = x[idx]
+    axis = np.argmax(pts.max(0) - pts.min(0))
+    order = idx[np.argsort(pts[:, axis], kind="stable")]
+    half = len(idx) // 2
+    return reference_splits(x, order[:half], levels - 1) + \
+        reference_splits(x, order[half:], levels - 1)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "clusters", "lines"])
+def test_coarse_points_against_numpy(kind, rng):
+    """Per quarter of each core (median splits), the point nearest its
+    centroid; ties along lines split in order."""
+    x = cloud(kind, 5001, rng)
+    groups = schwarz.padded(schwarz.median_groups(x, 32), 32, -1)
+    want = []
+    for row in groups:
+        for part in reference_splits(x, row[row >= 0], 2):
+            if len(part):
+                want.append(part[np.argmin(np.sum((x[part] - x[part].mean(0)) ** 2, 1))])
+    np.testing.assert_array_equal(schwarz.coarsen(x, groups, 4), np.sort(want))
 
 
 @pytest.mark.parametrize("kind", ["uniform", "clusters", "lines"])
