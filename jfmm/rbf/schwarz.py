@@ -103,7 +103,7 @@ def coarsen(x, groups: np.ndarray, parts: int) -> np.ndarray:
     groups, and of each the point nearest its centroid, so coarse points
     follow the density. On the device: on an H200's host the same in numpy
     took 0.7-0.9 s at 10^6 points."""
-    near = np.asarray(_nearest_to_centres(jnp.asarray(x), jnp.asarray(groups, jnp.int32),
+    near = np.asarray(_nearest_to_centres(x, jax.device_put(groups.astype(np.int32)),
                                           parts=parts))
     return np.sort(near[near >= 0])
 
@@ -136,7 +136,7 @@ def subdomains(x, groups: np.ndarray, extended: int, candidates: int = 64,
     enough = -(-(m_ext - core) // core) + 1            # cores holding enough points
     if device and m_ext > core:
         cores, ext, exact = _extended_sets(
-            jnp.asarray(x), jnp.asarray(groups, jnp.int32), m_ext=m_ext,
+            x, jax.device_put(np.asarray(groups, np.int32)), m_ext=m_ext,
             candidates=min(max(candidates, enough), count))
         redo = np.flatnonzero(~np.asarray(exact))
         if redo.size:
@@ -207,8 +207,8 @@ def _subdomains_host(x: np.ndarray, groups: np.ndarray, extended: int, rows=None
     order = np.argsort(~outside, axis=1, kind="stable")       # outside points first, nearest first
     extra = np.take_along_axis(near, order, axis=1)[:, :max(m_ext - core, 0)]
     extra = np.where(np.take_along_axis(outside, order, axis=1)[:, :extra.shape[1]], extra, n)
-    return (jnp.asarray(cores),
-            jnp.asarray(np.concatenate([cores, extra.astype(np.int32)], axis=1)))
+    return (jax.device_put(cores),
+            jax.device_put(np.concatenate([cores, extra.astype(np.int32)], axis=1)))
 
 
 def _saddle(kernel, pts, valid, smoothing, powers):

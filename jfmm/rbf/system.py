@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jfmm import api
+from jfmm._compat import Tracer
 from jfmm.rbf import krylov, nystrom, polynomial, schwarz
 
 # Direct sums below this many pairs (an FMM's set-up and far field cost more).
@@ -110,10 +111,26 @@ class Settings(NamedTuple):
 
 
 def _projector(points, exponents):
-    p = polynomial.monomials(points, exponents)
+    """U (n, R): an orthonormal basis of the monomials at the points."""
+    return _orthonormal_monomials(points, powers=tuple(map(tuple, exponents.tolist())))
+
+
+@functools.partial(jax.jit, static_argnames=("powers",))
+def _orthonormal_monomials(points, powers):
+    p = polynomial.monomials(points, np.asarray(powers, np.int64).reshape(-1, points.shape[1]))
     if p.shape[1] == 0:
         return p
     return jnp.linalg.qr(p)[0]
+
+
+def _rows(a, idx: np.ndarray):
+    """a[idx] for a device array a and host indices: gathered on the host
+    where a is concrete (eager indexing compiled about five small programs
+    per level and array; jnp.asarray of a numpy array compiles one, not
+    jax.device_put)."""
+    if isinstance(a, Tracer):
+        return a[idx]
+    return jax.device_put(np.asarray(a)[idx])
 
 
 def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
@@ -127,7 +144,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
         return (Level(points, jnp.arange(len(y), dtype=jnp.int32), smoothing,
                       _projector(points, exponents), own, *[None] * 5),)
     while True:
-        pts, smooth = points[idx], smoothing[idx]
+        pts, smooth = _rows(points, idx), _rows(smoothing, idx)
         last = len(idx) <= settings.coarsest
         own = down = sub = cores = ext = None
         if not last or not levels:
@@ -137,10 +154,10 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
             groups = schwarz.padded(schwarz.median_groups(y[idx], settings.core),
                                     settings.core, -1)
             local = schwarz.coarsen(pts, groups, settings.core // settings.ratio)
-            sub = jnp.asarray(local, jnp.int32)
-            down = pair_sum(pts[local], pts, kernel, eps, order)
+            sub = jax.device_put(local.astype(np.int32))
+            down = pair_sum(_rows(pts, local), pts, kernel, eps, order)
             cores, ext = schwarz.subdomains(pts, groups, settings.extended)
-        levels.append(Level(pts, jnp.asarray(idx, jnp.int32), smooth,
+        levels.append(Level(pts, jax.device_put(idx.astype(np.int32)), smooth,
                             _projector(pts, exponents), own, down, sub, cores, ext, None))
         if last:
             break
