@@ -52,7 +52,7 @@ def _radial(kernel, r) -> tuple[np.ndarray, np.ndarray]:
     flat = r.reshape(-1)
     size = 1 << max(4, (flat.size - 1).bit_length())
     padded = np.concatenate([flat, np.ones(size - flat.size)])
-    k, dk = _value_and_derivative(kernel, jnp.asarray(padded))
+    k, dk = _value_and_derivative(kernel, jax.device_put(padded))   # jnp.asarray compiles
     return tuple(np.asarray(v, np.float64)[:flat.size].reshape(r.shape) for v in (k, dk))
 
 
@@ -402,7 +402,8 @@ class ChargeCheck(NamedTuple):
 
     def arrays(self) -> ChargeCheck:
         """The same check with arrays for fields."""
-        return ChargeCheck(*(jnp.asarray(v) for v in self))
+        return ChargeCheck(*(jax.device_put(np.asarray(v, jnp.result_type(float)))
+                             for v in self))
 
     def passes(self, eps: float, side, log_moments):
         """(2, K) bool: whether the estimate for charges with these moments
