@@ -137,7 +137,8 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
               settings: Settings) -> tuple[Level, ...]:
     """The levels for data points y (n, d) (host copy, float64), their
     device copy `points` and smoothing (n,), without local inverses
-    (`with_parameters` adds them). Host work: median splits, k-NN queries."""
+    (`with_parameters` adds them). Host work: median splits, and k-NN
+    queries below `schwarz.DEVICE_SEARCH` points or on the CPU."""
     idx, order, levels = np.arange(len(y)), None, []
     if settings.preconditioner == "nystrom":
         own = pair_sum(points, points, kernel, eps)
