@@ -586,7 +586,7 @@ class RBFInterpolator:
         """scipy's `neighbors` evaluation: each point's local interpolant."""
         st, m = self._static, x.shape[0]
         padded = _padded(x)
-        idx = local.nearest(self.y, padded, st.neighbors)
+        idx = local.nearest(self.y, padded, st.neighbors, tree=self._tree())
         out, ok = _local(padded, self.y, self._values(self.d), self.smoothing,
                          kernel_for(st.kernel, self.epsilon), idx, powers=st.powers)
         out, ok = out[:m], ok[:m]
@@ -594,6 +594,18 @@ class RBFInterpolator:
             bad = int(np.argmin(np.asarray(ok)))
             raise np.linalg.LinAlgError(self._singular_message(self.y[idx[bad]]))
         return out
+
+    def _tree(self):
+        """scipy's k-d tree of the data points, built by the first eager
+        `neighbors` evaluation and kept (0.6 s at 10^6 points on the 2-core
+        CPU); None for traced points."""
+        if isinstance(self._sites, Tracer):
+            return None
+        if self.__dict__.get("_kdtree") is None:
+            from scipy.spatial import cKDTree
+
+            self._kdtree = cKDTree(np.asarray(self.y))
+        return self._kdtree
 
     def __repr__(self):
         return (f"RBFInterpolator(N={self.y.shape[0]}, dim={self.y.shape[1]}, "

@@ -25,14 +25,17 @@ BATCH = 2048
 SYSTEM_ENTRIES = 2 ** 24
 
 
-def nearest(y, x, k: int):
+def nearest(y, x, k: int, tree=None):
     """Indices (M, k) int32 of the k nearest points of y (N, dim) to each
-    point of x (M, dim), nearest first."""
+    point of x (M, dim), nearest first. tree: scipy's cKDTree of y, where
+    the caller keeps one (concrete points)."""
     if not isinstance(x, Tracer) and not isinstance(y, Tracer):
-        from scipy.spatial import cKDTree
+        if tree is None:
+            from scipy.spatial import cKDTree
 
-        _, idx = cKDTree(np.asarray(y)).query(np.asarray(x), k=k, workers=-1)
-        return jnp.asarray(np.asarray(idx).reshape(len(x), k), jnp.int32)
+            tree = cKDTree(np.asarray(y))
+        _, idx = tree.query(np.asarray(x), k=k, workers=-1)
+        return jax.device_put(np.asarray(idx).reshape(len(x), k).astype(np.int32))
 
     def block(xb):
         r2 = jnp.sum((xb[:, None, :] - y[None, :, :]) ** 2, axis=-1)

@@ -412,6 +412,9 @@ def test_neighbors_match_scipy(dim, rng):
             assert rel(jax.jit(lambda it, x: it(x))(ours, x), ref) < 1e-8
     vector = np.stack([d, -2 * d + y[:, 0]], axis=1)
     ours = jfmm.RBFInterpolator(y, vector, neighbors=12, kernel="cubic")
+    first = ours(x)
+    assert ours._tree() is ours._tree()                 # built once, kept
+    np.testing.assert_array_equal(ours(x), first)
     assert rel(ours(x), ScipyRBF(y, vector, neighbors=12, kernel="cubic")(x)) < 1e-8
     assert jfmm.RBFInterpolator(y, d, neighbors=10 ** 6).method == "dense"   # all sites
 
