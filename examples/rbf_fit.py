@@ -5,8 +5,9 @@
 
 Samples of a 3D Franke-type function with 1% noise at N scattered points
 are fitted with `jfmm.RBFInterpolator` (thin-plate spline with smoothing;
-float64, relative residual 1e-6; above 4,096 points a Krylov solve whose
-every product is an FMM sum). Then epsilon and the smoothing are tuned by
+float64, relative residual 1e-6; above 4,096 points (8,192 on the CPU) a
+Krylov solve whose every product is an FMM sum). Then epsilon and the
+smoothing are tuned by
 Adam on the mean squared error at held-out validation points (for the
 thin-plate spline, K(epsilon r) only rescales, so epsilon and smoothing
 together set how much the fit smooths the noise): each step is
