@@ -25,15 +25,11 @@ BATCH = 2048
 SYSTEM_ENTRIES = 2 ** 24
 
 
-def nearest(y, x, k: int, tree=None):
+def nearest(y, x, k: int, tree):
     """Indices (M, k) int32 of the k nearest points of y (N, dim) to each
-    point of x (M, dim), nearest first. tree: scipy's cKDTree of y, where
-    the caller keeps one (concrete points)."""
-    if not isinstance(x, Tracer) and not isinstance(y, Tracer):
-        if tree is None:
-            from scipy.spatial import cKDTree
-
-            tree = cKDTree(np.asarray(y))
+    point of x (M, dim), nearest first. tree: scipy's cKDTree of y (None
+    where y is traced)."""
+    if tree is not None and not isinstance(x, Tracer):
         _, idx = tree.query(np.asarray(x), k=k, workers=-1)
         return jax.device_put(np.asarray(idx).reshape(len(x), k).astype(np.int32))
 

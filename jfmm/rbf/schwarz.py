@@ -148,8 +148,12 @@ def subdomains(x, groups: np.ndarray, extended: int, candidates: int = 64,
     return _subdomains_host(np.asarray(x, np.float64), groups, extended)
 
 
+# Cores whose extended sets the device searches at once.
+SEARCH_CHUNK = 256
+
+
 @functools.partial(jax.jit, static_argnames=("m_ext", "candidates"))
-def _extended_sets(x, groups, m_ext: int, candidates: int, chunk: int = 256):
+def _extended_sets(x, groups, m_ext: int, candidates: int):
     """`subdomains` on the device: cores, extended sets and whether each
     set is exact (G,)."""
     n = x.shape[0]
@@ -160,8 +164,8 @@ def _extended_sets(x, groups, m_ext: int, candidates: int, chunk: int = 256):
     centres = jnp.sum(pts * w, 1) / jnp.sum(w, 1)
     radius = jnp.sqrt(jnp.max(jnp.sum((pts - centres[:, None]) ** 2, -1) * w[..., 0], 1))
     extra = m_ext - core
-    pad = -count % chunk
-    rows = jnp.arange(count + pad).reshape(-1, chunk)
+    pad = -count % SEARCH_CHUNK
+    rows = jnp.arange(count + pad).reshape(-1, SEARCH_CHUNK)
 
     def block(g):                       # g (chunk,) core numbers, some past the end
         c = centres[jnp.minimum(g, count - 1)]

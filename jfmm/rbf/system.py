@@ -124,10 +124,10 @@ def _orthonormal_monomials(points, powers):
 
 
 def _rows(a, idx: np.ndarray):
-    """a[idx] for a device array a and host indices: gathered on the host
-    where a is concrete (eager indexing compiled about five small programs
-    per level and array; jnp.asarray of a numpy array compiles one, not
-    jax.device_put)."""
+    """a[idx] for a device array a (the smoothing, which may be traced)
+    and host indices: gathered on the host where a is concrete (eager
+    indexing compiled about five small programs per level and array;
+    jnp.asarray of a numpy array compiles one, jax.device_put none)."""
     if isinstance(a, Tracer):
         return a[idx]
     return jax.device_put(np.asarray(a)[idx])
@@ -145,19 +145,21 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
         return (Level(points, jnp.arange(len(y), dtype=jnp.int32), smoothing,
                       _projector(points, exponents), own, *[None] * 5),)
     while True:
-        pts, smooth = _rows(points, idx), _rows(smoothing, idx)
+        here = y[idx]                   # this level's points on the host, float64
+        pts, smooth = jax.device_put(here.astype(points.dtype)), _rows(smoothing, idx)
         last = len(idx) <= settings.coarsest
         own = down = sub = cores = ext = None
         if not last or not levels:
             own = pair_sum(pts, pts, kernel, eps, order)
             order = order if own.plan is None else own.plan.order
         if not last:
-            groups = schwarz.padded(schwarz.median_groups(y[idx], settings.core),
+            groups = schwarz.padded(schwarz.median_groups(here, settings.core),
                                     settings.core, -1)
-            local = schwarz.coarsen(pts, groups, settings.core // settings.ratio)
+            local = schwarz.coarsen(here, groups, settings.core // settings.ratio)
             sub = jax.device_put(local.astype(np.int32))
-            down = pair_sum(_rows(pts, local), pts, kernel, eps, order)
-            cores, ext = schwarz.subdomains(pts, groups, settings.extended)
+            down = pair_sum(jax.device_put(here[local].astype(points.dtype)), pts, kernel,
+                            eps, order)
+            cores, ext = schwarz.subdomains(here, groups, settings.extended)
         levels.append(Level(pts, jax.device_put(idx.astype(np.int32)), smooth,
                             _projector(pts, exponents), own, down, sub, cores, ext, None))
         if last:
