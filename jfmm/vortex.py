@@ -246,10 +246,10 @@ def _second_leaf(leaf_size, kernel, eps, sources, targets):
         else None
 
 
-def _second(eps, kernel, dtype):
+def _second(eps, kernel, dtype, dim=3):
     if eps is None:
         return None
-    least = configure.floor(kernel, 3, dtype)
+    least = configure.floor(kernel, dim, dtype)
     return eps if eps <= least else max(eps / _SECOND, least)
 
 
@@ -326,12 +326,14 @@ def velocity_2d(sources, circulations, targets=None, *, eps=None, gradient=False
     themselves, self term excluded). Returns u (M, 2) and, with
     gradient=True, du (M, 2, 2) with [m, i, j] = d u_i / d y_j. The stream
     function psi = (1/2 pi) sum_i Gamma_i (-log r) comes from the 2D Laplace
-    family with eps as in `jfmm.fmm`; u = (d psi/dy, -d psi/dx).
+    family with eps as in `jfmm.fmm`; u = (d psi/dy, -d psi/dx). du, second
+    derivatives of psi, comes from a sum at eps / 5 as in `velocity`.
     """
     sources, circulations, targets = _check(sources, circulations, targets, 2)
+    at = _second(eps, Laplace2D(), sources.dtype, dim=2) if gradient else eps
 
     def u_at(t):
-        _, g = api.fmm(sources, circulations, t, Laplace2D(), eps, gradient=True,
+        _, g = api.fmm(sources, circulations, t, Laplace2D(), at, gradient=True,
                        leaf_size=leaf_size)
         g = g / (2 * jnp.pi)
         return jnp.stack([g[:, 1], -g[:, 0]], axis=-1)
