@@ -157,8 +157,8 @@ def check_eps(eps):
         return
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
         raise TypeError(f"eps must be a Python float (it is static), got {type(eps).__name__}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+    if not 0 < eps < 1:
+        raise ValueError(f"eps, the relative error asked for, must be in (0, 1), got {eps}")
 
 
 def _check_tree(tree) -> str:

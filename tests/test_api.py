@@ -30,8 +30,10 @@ def test_kernel_is_pytree_and_get_by_name():
 def test_bad_input_raises_clearly(call, rng):
     f = getattr(jfmm, call)
     x, q = rng.random((50, 3)), rng.random(50)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match=r"\(n, 3\) for Laplace3D.*kernels.Laplace2D\(\)"):
         f(x[:, :2], q)                       # Laplace3D is 3D only
+    with pytest.raises(ValueError, match=r"\(n, 2\) for Laplace2D.*kernels.Laplace3D\(\)"):
+        f(x, q, kernel=kernels.Laplace2D())
     with pytest.raises(ValueError, match="shape"):
         f(x[None], q)
     with pytest.raises(ValueError, match="charges"):
@@ -45,6 +47,13 @@ def test_bad_input_raises_clearly(call, rng):
     bad[3, 0] = np.nan
     with pytest.raises(ValueError, match="NaN or inf"):
         f(x, q, bad)
+    for value in (np.nan, np.inf):
+        bad_q = q.copy()
+        bad_q[7] = value
+        with pytest.raises(ValueError, match="charges contain NaN or inf"):
+            f(x, bad_q)
+        with pytest.raises(ValueError, match="charges contain NaN or inf"):
+            f(x, jnp.asarray(bad_q))
     with pytest.raises(TypeError, match="Kernel"):
         f(x, q, kernel=object())
     with pytest.raises(ValueError, match="empty"):
@@ -53,8 +62,8 @@ def test_bad_input_raises_clearly(call, rng):
 
 def test_bad_eps_raises(rng):
     x, q = rng.random((50, 3)), rng.random(50)
-    for eps in (0.0, -1e-3):
-        with pytest.raises(ValueError, match="eps"):
+    for eps in (0.0, -1e-3, 1.0, 10.0):
+        with pytest.raises(ValueError, match=r"eps.*\(0, 1\)"):
             jfmm.fmm(x, q, eps=eps)
     with pytest.raises(ValueError, match="float32"):
         jfmm.fmm(x.astype(np.float32), q.astype(np.float32), eps=1e-9)
@@ -88,6 +97,8 @@ def test_plan_checks_shapes(rng):
     pl = jfmm.plan(x)
     with pytest.raises(ValueError, match="charges"):
         pl.apply(np.ones(199))
+    with pytest.raises(ValueError, match="charges contain NaN"):
+        pl.apply(np.full(200, np.nan))
     with pytest.raises(ValueError, match="shape"):
         pl.update(rng.random((201, 3)))
 

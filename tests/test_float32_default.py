@@ -1,4 +1,5 @@
-"""The float32 default path, as a user without jax_enable_x64 meets it.
+"""The float32 default path, as a user without jax_enable_x64 meets it (and
+the one warning that float64 data is computed in float32).
 
 conftest turns float64 on for the other tests, so this runs in a fresh
 process with the flag off: fmm, plan and direct on float64 numpy inputs
@@ -24,6 +25,12 @@ assert not jax.config.jax_enable_x64
 data = np.load(sys.argv[1])
 x, q, y = data["x"], data["q"], data["y"]
 out = {}
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    jfmm.fmm(x, q, y)
+    jfmm.fmm(x, q, y)
+out["warnings"] = [str(w.message) for w in caught]
 for name, kern in (("laplace", K.Laplace3D()), ("imq", K.InverseMultiquadric(2.0))):
     phi, grad = jfmm.fmm(x, q, y, kernel=kern, gradient=True)
     pl = jfmm.plan(x, y, kernel=kern)
@@ -43,6 +50,9 @@ def test_float32_without_x64(rng, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
+    # float64 data without x64: one warning per process, naming the switch.
+    assert len(out["warnings"]) == 1
+    assert "jax.config.update('jax_enable_x64', True)" in out["warnings"][0]
     x32, q32, y32 = (np.float32(a) for a in (x, q, y))
     for name, kern in (("laplace", K.Laplace3D()), ("imq", K.InverseMultiquadric(2.0))):
         got = out[name]

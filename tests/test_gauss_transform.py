@@ -114,6 +114,27 @@ def test_plan_update_and_vmap_under_jit(rng):
     assert rel(phi, jfmm.direct(x2, qs, kernel=kern)) <= 1e-7
 
 
+@pytest.mark.parametrize("kern", [K.Gaussian(4.0), K.Multiquadric(2.0)], ids=["hermite", "chebyshev"])
+def test_plan_update_beyond_its_extent_is_flagged(rng, kern):
+    """A plan of a kernel with a length scale moved to points spread wider
+    than it was made for sets `overflow`, raises eagerly and is NaN under
+    jit; points within the slack sum within eps; scale-free kernels carry
+    over to any extent."""
+    x, q = points("cube", 800, rng, 2), charges(800, rng)
+    pl = jfmm.plan(x, kernel=kern, eps=1e-7)
+    assert pl.family == ("hermite" if isinstance(kern, K.Gaussian) else "chebyshev")
+    near = x * 1.02
+    assert not bool(pl.update(near).overflow)
+    assert rel(pl.update(near).apply(q), jfmm.direct(near, q, kernel=kern)) <= 1e-7
+    wide = pl.update(3 * x)
+    assert bool(wide.overflow)
+    with pytest.raises(RuntimeError, match="wider than"):
+        wide.apply(q)
+    assert np.all(np.isnan(jax.jit(lambda p_, a: p_.update(a).apply(q))(pl, 3 * x)))
+    laplace = jfmm.plan(x, kernel=K.Laplace2D(), eps=1e-7)
+    assert laplace.extent is None and not bool(laplace.update(3 * x).overflow)
+
+
 def test_choice_and_errors(rng):
     x, q = points("cube", 500, rng, 3), charges(500, rng)
     cfg = lambda a, k, **kw: configure.resolve(  # noqa: E731

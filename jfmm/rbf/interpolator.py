@@ -30,6 +30,11 @@ def _dense_max() -> int:
     return DENSE_MAX_CPU if jax.default_backend() == "cpu" else DENSE_MAX
 
 
+# Where the Krylov solve of method='auto' fails, up to this many points
+# the constructor solves densely instead (a float64 matrix of 2.1 GB).
+DENSE_FALLBACK_MAX = 16384
+
+
 @dataclasses.dataclass(frozen=True)
 class Scaled(kernels.Kernel):
     """K(epsilon r) for a kernel without a shape parameter (scipy applies
@@ -265,6 +270,8 @@ class RBFInterpolator:
     def __init__(self, y, d, neighbors=None, smoothing=0.0, kernel="thin_plate_spline",
                  epsilon=None, degree=None, *, tol=None, maxiter=300, fmm_eps=None,
                  method="auto", preconditioner="auto", rank=None):
+        asked = dict(y=y, d=d, neighbors=neighbors, smoothing=smoothing, kernel=kernel,
+                     epsilon=epsilon, degree=degree)
         if isinstance(y, Tracer):
             raise TypeError("y must be concrete (the trees are built from its values); "
                             "differentiate with respect to d, epsilon and smoothing through "
@@ -308,6 +315,7 @@ class RBFInterpolator:
         if exponents.shape[0] > (n if neighbors is None else neighbors):
             raise ValueError(f"At least {exponents.shape[0]} data points are required when "
                              f"`degree` is {degree} and the number of dimensions is {dim}.")
+        asked_method = method
         if method == "auto":
             method = "dense" if n <= _dense_max() else "krylov"
         if method not in ("dense", "krylov"):
@@ -369,6 +377,13 @@ class RBFInterpolator:
         self._coeffs = self._poly = self.iterations = self.residual = None
         fitted = _fit(self, d, self.epsilon, smoothing)
         self.__dict__.update(fitted.__dict__)
+        if method == "krylov" and self._failed() and n <= DENSE_FALLBACK_MAX:
+            if asked_method == "auto":
+                warnings.warn(f"the Krylov solve did not converge ({self._failure()}); "
+                              f"solving the {n} x {n} system densely instead",
+                              RuntimeWarning, stacklevel=2)
+                self.__init__(**asked, method="dense")
+                return
         self._raise_if_failed()         # _fit's own check ran under its trace
 
     # ------------------------------------------------------------ scipy's names
@@ -492,29 +507,58 @@ class RBFInterpolator:
             if not bool(jnp.all(jnp.isfinite(self._coeffs))) or float(res) > 1e-4:
                 raise np.linalg.LinAlgError(self._singular_message())
             return
-        if not float(res) <= self._static.settings.tol:
-            raise RuntimeError(
-                f"the RBF solve did not converge: relative residual {float(res):.2e} after "
-                f"{int(self.iterations)} iterations, tol {self._static.settings.tol:g}, "
-                f"{self._describe_preconditioner()}. Raise maxiter, loosen tol, lower fmm_eps "
-                f"(the FMM's error bounds the residual reachable; it is "
-                f"{self._static.fmm_eps:g}), or add smoothing (duplicate points with "
-                f"smoothing 0 make the system singular){self._flat_advice()}")
+        if self._failed():
+            raise RuntimeError(f"the RBF solve did not converge ({self._failure()}). "
+                               f"What may help: {'; '.join(self._remedies())}")
+
+    def _failed(self) -> bool:
+        """Whether a concrete Krylov solve stopped short of tol."""
+        res = self.residual
+        return (self.method == "krylov" and not isinstance(res, Tracer)
+                and not float(res) <= self._static.settings.tol)
+
+    def _failure(self) -> str:
+        return (f"relative residual {float(self.residual):.2e} after {int(self.iterations)} "
+                f"iterations, tol {self._static.settings.tol:g}, "
+                f"{self._describe_preconditioner()}")
 
     def _describe_preconditioner(self) -> str:
         if self.preconditioner == "nystrom":
             return f"Nystrom preconditioner of rank {self.rank}"
         return "Schwarz preconditioner"
 
-    def _flat_advice(self) -> str:
-        if self.kernel not in POSITIVE_DEFINITE:
-            return ""
-        if self.preconditioner == "nystrom":
-            return "; or raise the Nystrom rank (rank=)"
-        return ("; flat kernels (wide against the point spacing) need smoothing > 0 and "
-                "preconditioner='nystrom' with a rank near the number of the kernel "
-                "matrix's eigenvalues above the smoothing (rank=; preconditioner='auto' "
-                "takes it where a rank within its memory budget suffices)")
+    def _remedies(self) -> list[str]:
+        """What may make a failed Krylov solve converge: only those that
+        apply to this solve."""
+        st, res, n = self._static, float(self.residual), self.y.shape[0]
+        out = []
+        if not res > 100 * st.settings.tol:
+            more = (f"raise maxiter ({st.settings.maxiter}) or "
+                    if int(self.iterations) >= st.settings.maxiter else "")
+            out.append(f"{more}loosen tol: the residual came within 100x of tol")
+        if not res > 100 * st.fmm_eps:
+            out.append(f"lower fmm_eps: the FMM's error ({st.fmm_eps:g}) bounds the residual "
+                       f"reachable")
+        unsmoothed = np.asarray(self.smoothing) == 0
+        if unsmoothed.any():
+            pts = np.asarray(self.y)[unsmoothed]
+            repeated = pts.shape[0] - np.unique(pts, axis=0).shape[0]
+            if repeated:
+                out.append(f"add smoothing > 0 or remove the {repeated} repeated data points "
+                           f"(duplicates with smoothing 0 make the system singular)")
+        if self.kernel in POSITIVE_DEFINITE:
+            if self.preconditioner == "nystrom":
+                out.append(f"raise the Nystrom rank (rank=, now {self.rank})")
+            else:
+                out.append("flat kernels (wide against the point spacing) need smoothing > 0 "
+                           "and preconditioner='nystrom' with a rank near the number of the "
+                           "kernel matrix's eigenvalues above the smoothing (rank=)")
+        if n <= DENSE_FALLBACK_MAX:
+            out.append(f"method='dense' ({n} points: an {n} x {n} matrix)")
+        if not out:
+            out.append("add smoothing > 0 (the system may be too ill-conditioned for the "
+                       "Krylov solve at this size)")
+        return out
 
     def _singular_message(self, points=None) -> str:
         """scipy's message for a singular system on `points` (the data

@@ -9,7 +9,7 @@ import pytest
 from scipy.interpolate import RBFInterpolator as ScipyRBF
 
 import jfmm
-from jfmm.rbf import nystrom, system
+from jfmm.rbf import interpolator, nystrom, system
 from jfmm.rbf.interpolator import kernel_for
 
 SCALED = {"multiquadric": 8.0, "inverse_multiquadric": 8.0, "inverse_quadratic": 8.0,
@@ -301,8 +301,12 @@ def test_float32(rng):
 def test_unconverged_solve_is_loud(rng, small_levels):
     y = sites("uniform", 300, rng, 3)
     d = values(y, rng)
-    with pytest.raises(RuntimeError, match="did not converge"):
+    with pytest.raises(RuntimeError, match="did not converge") as failed:
         jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", method="krylov", maxiter=2)
+    # Only the remedies that apply: no duplicates, not a flat kernel, far from tol.
+    said = str(failed.value)
+    assert "method='dense' (300 points" in said
+    assert not any(w in said for w in ("repeated", "flat kernels", "fmm_eps", "maxiter"))
     with pytest.raises(RuntimeError, match="Nystrom preconditioner of rank 128.*rank="):
         jfmm.RBFInterpolator(y, d, kernel="gaussian", epsilon=3.0, smoothing=1e-6,
                              method="krylov", preconditioner="nystrom", rank=100, maxiter=2)
@@ -312,6 +316,24 @@ def test_unconverged_solve_is_loud(rng, small_levels):
     short._static = short._static._replace(settings=short._static.settings._replace(maxiter=1))
     out = jax.jit(lambda it, d: it.fit(d=d)(y[:5]))(short, d)
     assert np.all(np.isnan(out))
+
+
+def test_failed_krylov_solve_falls_back_to_dense(rng, small_levels, monkeypatch):
+    """method='auto' above the dense size: where the Krylov solve fails and
+    the matrix fits, the constructor warns and solves densely (scipy's
+    answer); an explicit method='krylov' raises instead."""
+    monkeypatch.setattr(interpolator, "DENSE_MAX_CPU", 200)
+    monkeypatch.setattr(interpolator, "DENSE_MAX", 200)
+    y, x = sites("uniform", 300, rng, 3), rng.random((50, 3))
+    d = values(y, rng)
+    with pytest.warns(RuntimeWarning, match="solving the 300 x 300 system densely"):
+        ours = jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", maxiter=2)
+    assert ours.method == "dense"
+    assert rel(ours(x), ScipyRBF(y, d, kernel="thin_plate_spline")(x)) < 1e-10
+    monkeypatch.setattr(interpolator, "DENSE_FALLBACK_MAX", 299)
+    with pytest.raises(RuntimeError, match="did not converge") as failed:
+        jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", maxiter=2)
+    assert "method='dense'" not in str(failed.value)
 
 
 @pytest.mark.parametrize("method", ["dense", "krylov"])
@@ -330,8 +352,9 @@ def test_duplicate_points_without_smoothing(method, rng, small_levels):
         else:
             np.testing.assert_allclose(same(y[:30]), d[:30], atol=1e-6)
     d[10] += 0.1
-    err = np.linalg.LinAlgError if method == "dense" else RuntimeError
-    with pytest.raises(err):
+    err, says = ((np.linalg.LinAlgError, "duplicate") if method == "dense"
+                 else (RuntimeError, "remove the 1 repeated data points"))
+    with pytest.raises(err, match=says):
         jfmm.RBFInterpolator(y, d, kernel="linear", method=method, maxiter=40)
     ok = jfmm.RBFInterpolator(y, d, kernel="linear", smoothing=1e-6, method=method)
     assert np.all(np.isfinite(np.asarray(ok(y[:5]))))
