@@ -1,5 +1,6 @@
 """Inverse design: optax fits charges and positions to a target field.
 
+    python examples/inverse_design.py --steps 5
     python examples/inverse_design.py
 
 A hidden set of 16 charges inside the unit ball makes a potential on 400
@@ -10,6 +11,8 @@ Gradients with respect to charges and positions come from jax.grad through
 jfmm.fmm at eps 1e-5 (two FMM calls per step). About 35 s on a 2-core CPU,
 where each FMM call at this size costs ~0.4 s.
 """
+import argparse
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,4 +62,6 @@ def main(steps=40):
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    main(ap.parse_args().steps)

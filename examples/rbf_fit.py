@@ -1,5 +1,6 @@
 """Fit an RBF interpolant to noisy scattered 3D data, then tune it with optax.
 
+    pip install "jfmm[examples]"          # matplotlib for the picture (from a clone: ".[examples]")
     python examples/rbf_fit.py            # N = 200,000 on a GPU, 3,000 on a CPU
     python examples/rbf_fit.py --n 50000
 
@@ -81,7 +82,11 @@ def main(n, steps, seed=0):
 
 
 def picture(interp, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("no picture: matplotlib is not installed (pip install 'jfmm[examples]')")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,5 +1,6 @@
 """Two coaxial vortex rings leapfrogging, with jfmm.vortex.
 
+    pip install "jfmm[examples]"                 # matplotlib for the picture (from a clone: ".[examples]")
     python examples/vortex_rings.py              # 2 x 128 elements, 300 RK4 steps (CPU)
     python examples/vortex_rings.py --n 16384 --tracers 1048576 --leaf-size 64   # a GPU
 
@@ -72,7 +73,11 @@ def diagnostics(states, energy, n):
 
 
 def figure(states, n, times, radii, zs, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("no picture: matplotlib is not installed (pip install 'jfmm[examples]')")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     picks = np.linspace(0, len(times) - 1, 4).astype(int)
@@ -104,6 +109,7 @@ def figure(states, n, times, radii, zs, path):
     fig.suptitle(f"Leapfrogging vortex rings: {2 * n} elements, Rosenhead-Moore core {CORE}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 def main():
@@ -153,7 +159,6 @@ def main():
     gap = float(jnp.max(jnp.abs(runs["fmm"].positions[-1] - runs["direct"].positions[-1])))
     print(f"largest element position difference fmm - direct: {gap:.2e}")
     figure(states, args.n, times, radii, zs, args.out)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
