@@ -162,7 +162,7 @@ class Laplace3D(Kernel):
     def from_r2(self, r2, gradient: bool):
         # One rsqrt instead of two square roots and three divisions.
         inv = jax.lax.rsqrt(r2)
-        return inv, (_neg_cube(inv) if gradient else None)
+        return inv, (_neg_cube(_cube_safe(inv)) if gradient else None)
 
     def pair(self, r2, gradient: bool, differentiable: bool = True, guard: bool = True):
         # The gradient factor comes from the already-zeroed 1/r. Outside
@@ -172,7 +172,20 @@ class Laplace3D(Kernel):
         pos = r2 > 0
         inv = jax.lax.rsqrt(jnp.where(pos, r2, 1.0) if differentiable else r2)
         inv = jnp.where(pos, inv, 0.0)
-        return inv, (_neg_cube(inv) if gradient else None)
+        return inv, (_neg_cube(_cube_safe(inv)) if gradient else None)
+
+
+def _cube_safe(inv):
+    """1/r kept where its cube is finite: -1/r^3 overflows below r = 1.8e-103
+    in float64 (1.4e-13 in float32) while the gradient term (y - x)/r^3 =
+    1/r^2 does not, and an infinite factor times a zero charge (the adjoint
+    sum's weight at a saturated target: jax.grad of tanh of a sum) made
+    NaN. Pairs that close get the factor at that distance, finite."""
+    return jnp.minimum(inv, _CUBE_SAFE[jnp.dtype(inv.dtype).name])
+
+
+_CUBE_SAFE = {name: float(jnp.finfo(name).max) ** (1 / 3) * 0.5
+              for name in ("float16", "bfloat16", "float32", "float64")}
 
 
 def _neg_cube(v):

@@ -76,6 +76,32 @@ def test_grad_finite_with_coincident_points(rng):
     assert rel(gq, phi_w) < 10 * EPS
 
 
+@pytest.mark.parametrize("leaf_size", [None, 8])
+def test_grad_finite_with_a_pair_closer_than_the_cube_root_of_max(leaf_size, rng):
+    """A target 1e-104 from a source: 1/r^3 overflows float64 (r < 1.8e-103)
+    while 1/r^2 does not. phi there is ~1e104, tanh saturates and the weight
+    of that target in the adjoint sum is exactly 0, so its pair adds
+    nothing to any gradient; an infinite pair factor times that 0 made NaN
+    in the rows of both points (d/dx, d/dy). Reference: the float64 direct
+    sum without target 0 (its weight is 0), d/dy_0 = 0."""
+    n, m = 400, 200
+    x, q, y = points("cube", n, rng), charges(n, rng), points("cube", m, rng)
+    x[0], y[0] = 0.0, (1e-104, 0.0, 0.0)
+    w = rng.normal(size=m)
+    f = _loss(lambda a, b, c: jnp.tanh(jfmm.fmm(a, b, c, eps=EPS, leaf_size=leaf_size)),
+              jnp.asarray(w))
+    gx, gq, gy = jax.jit(jax.grad(f, (0, 1, 2)))(x, q, y)
+    assert np.isfinite(gx).all() and np.isfinite(gq).all() and np.isfinite(gy).all()
+    phi, grad = reference(x, q, y)
+    u = w * (1 - np.tanh(phi) ** 2)
+    assert u[0] == 0
+    phi_u, grad_u = reference(y[1:], u[1:], x)
+    assert rel(gx, q[:, None] * grad_u) < 10 * EPS
+    assert rel(gq, phi_u) < 10 * EPS
+    assert np.all(np.asarray(gy)[0] == 0)
+    assert rel(np.asarray(gy)[1:], u[1:, None] * grad[1:]) < 10 * EPS
+
+
 def test_vmap_of_grad_over_charge_sets(rng):
     x, qs = points("cube", 300, rng), charges(300, rng, k=3).T
     g = jax.jit(jax.vmap(jax.grad(lambda q: jnp.sum(jfmm.fmm(x, q, eps=EPS, leaf_size=8) ** 2))))(qs)
