@@ -400,7 +400,8 @@ class Plan:
             raise RuntimeError("the points moved beyond the capacities this plan's adaptive "
                                "tree was sized for (Plan.update): make a new plan from them "
                                "with jfmm.plan(...)")
-        if _configure.concrete(self.tree.side) and bool(_beyond(self)):
+        if self.extent is not None and _configure.concrete(self.tree.side) \
+                and _configure.concrete(self.extent) and _beyond_now(self):
             raise RuntimeError(f"the points (Plan.update) spread over a root box of side "
                                f"{float(self.tree.side):.4g}, wider than the "
                                f"{float(self.extent) / EXTENT_SLACK:.4g} this plan's order was "
@@ -473,6 +474,12 @@ def _beyond(plan_):
     if plan_.extent is None:
         return jnp.zeros((), bool)
     return plan_.tree.side > plan_.extent
+
+
+def _beyond_now(plan_) -> bool:
+    """`_beyond` of concrete arrays, eagerly (also inside a jit trace)."""
+    with jax.ensure_compile_time_eval():
+        return bool(_beyond(plan_))
 
 
 def _overflow(plan_):

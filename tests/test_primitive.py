@@ -92,7 +92,8 @@ def test_grad_finite_with_a_pair_closer_than_the_cube_root_of_max(leaf_size, rng
               jnp.asarray(w))
     gx, gq, gy = jax.jit(jax.grad(f, (0, 1, 2)))(x, q, y)
     assert np.isfinite(gx).all() and np.isfinite(gq).all() and np.isfinite(gy).all()
-    phi, grad = reference(x, q, y)
+    with np.errstate(over="ignore", invalid="ignore"):     # the pair's own 1/r^3
+        phi, grad = reference(x, q, y)
     u = w * (1 - np.tanh(phi) ** 2)
     assert u[0] == 0
     phi_u, grad_u = reference(y[1:], u[1:], x)
