@@ -377,13 +377,12 @@ class RBFInterpolator:
         self._coeffs = self._poly = self.iterations = self.residual = None
         fitted = _fit(self, d, self.epsilon, smoothing)
         self.__dict__.update(fitted.__dict__)
-        if method == "krylov" and self._failed() and n <= DENSE_FALLBACK_MAX:
-            if asked_method == "auto":
-                warnings.warn(f"the Krylov solve did not converge ({self._failure()}); "
-                              f"solving the {n} x {n} system densely instead",
-                              RuntimeWarning, stacklevel=2)
-                self.__init__(**asked, method="dense")
-                return
+        if asked_method == "auto" and self._failed() and n <= DENSE_FALLBACK_MAX:
+            warnings.warn(f"the Krylov solve did not converge ({self._failure()}); "
+                          f"solving the {n} x {n} system densely instead",
+                          RuntimeWarning, stacklevel=2)
+            self.__init__(**asked, method="dense")
+            return
         self._raise_if_failed()         # _fit's own check ran under its trace
 
     # ------------------------------------------------------------ scipy's names
