@@ -115,8 +115,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
 
     jit-able with eps, gradient, leaf_size, tree and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes
-    can overflow anything. Non-finite coordinates raise eagerly and give NaN
-    results under jit. Eager calls remember their choices
+    can overflow anything. Non-finite coordinates or charges raise eagerly
+    (under jit they give NaN results), as does an eps outside (0, 1); float64
+    data with jax's x64 mode off warns once (it is computed in float32). Eager calls remember their choices
     (`configure.resolve_eager`), and calls on the same jax arrays the plan
     of the second: a repeated call costs about a `Plan.apply`.
 
