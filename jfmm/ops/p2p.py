@@ -33,14 +33,18 @@ def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
     mask: (S,) bool, sources to include. Returns phi (T, K) and, if
     gradient, grad (T, K, d) = d phi / d y. Singular kernels skip r = 0.
     """
-    diff = y[:, None, :] - x[None, :, :]
-    r2 = jnp.sum(diff * diff, axis=-1)
+    # One (T, S) array per axis rather than (T, S, d): a minor axis of d
+    # = 2 or 3 does not vectorise on a CPU (2-core CPU, 2^16 points, 3D
+    # Laplace float64, near field with gradient: 2.36 s -> 0.61 s, the same
+    # sums to rounding).
+    diffs = [y[:, i, None] - x[None, :, i] for i in range(y.shape[1])]
+    r2 = sum(v * v for v in diffs)
     k, g = kernel.pair(r2, gradient)  # finite everywhere, so masking q suffices
     q = jnp.where(mask[:, None], q, 0)
-    phi = jnp.einsum("ts,sk->tk", k, q, precision=HIGHEST)
+    phi = jnp.dot(k, q, precision=HIGHEST)
     if not gradient:
         return phi, None
-    grad = jnp.einsum("tsd,sk->tkd", diff * g[..., None], q, precision=HIGHEST)
+    grad = jnp.stack([jnp.dot(g * v, q, precision=HIGHEST) for v in diffs], axis=-1)
     return phi, grad
 
 
