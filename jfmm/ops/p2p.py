@@ -26,25 +26,36 @@ TILE = 64
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
+def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool, stacked: bool = False):
     """Sum over a tile of sources for a tile of targets.
 
     y: (T, d) targets; x: (S, d) sources; q: (S, K) charges;
     mask: (S,) bool, sources to include. Returns phi (T, K) and, if
     gradient, grad (T, K, d) = d phi / d y. Singular kernels skip r = 0.
+
+    The differences are one (T, S) array per axis (a minor axis of d = 2
+    or 3 does not vectorise on a CPU), or with `stacked` one (d, T, S)
+    array, fewer operations for loops of mostly part-filled source chunks
+    (adaptive trees' near fields). 2-core CPU, 2^16 points, 3D Laplace
+    float64 with gradient, near field: the cube 3.06 s with (T, S, d),
+    0.6-0.9 s per axis, 2.3 s stacked; Plummer points on their adaptive
+    tree 4.0, 7.2 and 2.4 s.
     """
-    # One (T, S) array per axis rather than (T, S, d): a minor axis of d
-    # = 2 or 3 does not vectorise on a CPU (2-core CPU, 2^16 points, 3D
-    # Laplace float64, near field with gradient: 2.36 s -> 0.61 s, the same
-    # sums to rounding).
-    diffs = [y[:, i, None] - x[None, :, i] for i in range(y.shape[1])]
-    r2 = sum(v * v for v in diffs)
+    if stacked:
+        diff = y.T[:, :, None] - x.T[:, None, :]
+        r2 = jnp.sum(diff * diff, axis=0)
+    else:
+        diffs = [y[:, i, None] - x[None, :, i] for i in range(y.shape[1])]
+        r2 = sum(v * v for v in diffs)
     k, g = kernel.pair(r2, gradient)  # finite everywhere, so masking q suffices
     q = jnp.where(mask[:, None], q, 0)
     phi = jnp.dot(k, q, precision=HIGHEST)
     if not gradient:
         return phi, None
-    grad = jnp.stack([jnp.dot(g * v, q, precision=HIGHEST) for v in diffs], axis=-1)
+    if stacked:
+        grad = jnp.einsum("dts,sk->tkd", diff * g[None], q, precision=HIGHEST)
+    else:
+        grad = jnp.stack([jnp.dot(g * v, q, precision=HIGHEST) for v in diffs], axis=-1)
     return phi, grad
 
 
@@ -158,7 +169,8 @@ def source_ranges(near, src_start):
 
 
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
-               near, gradient: bool, tile: int = TILE, batch: int | None = None, tiles=None):
+               near, gradient: bool, tile: int = TILE, batch: int | None = None, tiles=None,
+               stacked: bool = False):
     """Sum over the sources of each target leaf's near neighbours.
 
     tgt_sorted (M, d), src_sorted (N, d), q_sorted (N, K): Morton-sorted;
@@ -166,7 +178,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     near (nleaf, 3^d): neighbour leaves, sentinel nleaf (or slot ranges,
     `source_ranges`).
     tiles: (leaf, t0, t1) of the target tiles to run (`leaf_tiles` with
-    `tile`), or None for all.
+    `tile`), or None for all. stacked: `pairwise`'s layout.
     Returns phi (M, K), grad (M, K, d) or None, in sorted target order.
     """
     m, d = tgt_sorted.shape
@@ -195,7 +207,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
             xs = jax.lax.dynamic_slice_in_dim(x_pad, start, tile)
             qs = jax.lax.dynamic_slice_in_dim(q_pad, start, tile)
             ms = start + jnp.arange(tile) < s1[j]
-            phi, grad = pairwise(kernel, yt, xs, qs, ms, gradient)
+            phi, grad = pairwise(kernel, yt, xs, qs, ms, gradient, stacked)
             return (acc[0] + phi, acc[1] + grad if gradient else None)
 
         init = (jnp.zeros((tile, kq), y_pad.dtype),
