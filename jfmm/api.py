@@ -497,9 +497,9 @@ def _apply(plan_, charges, gradient, mode):
     phi, grad, ok = _bind(plan_.tree, plan_.ops, plan_.kernel, q, plan_.config, plan_.check,
                           gradient, mode)
     if plan_.extent is not None:
-        nan = jnp.asarray(jnp.nan, phi.dtype)
-        phi = jnp.where(_beyond(plan_), nan, phi)
-        grad = None if grad is None else jnp.where(_beyond(plan_), nan, grad)
+        beyond, nan = _beyond(plan_), jnp.asarray(jnp.nan, phi.dtype)
+        phi = jnp.where(beyond, nan, phi)
+        grad = None if grad is None else jnp.where(beyond, nan, grad)
     return (*_inputs.finish(phi, grad, layout, True), ok)
 
 

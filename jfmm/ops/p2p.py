@@ -46,28 +46,23 @@ def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool, stacked: bool = Fals
     """
     if jax.config.read("jax_disable_most_optimizations"):
         diff = y[:, None, :] - x[None, :, :]
-        k, g = kernel.pair(jnp.sum(diff * diff, axis=-1), gradient)
-        q = jnp.where(mask[:, None], q, 0)
-        phi = jnp.dot(k, q, precision=HIGHEST)
-        if not gradient:
-            return phi, None
-        return phi, jnp.einsum("tsd,sk->tkd", diff * g[..., None], q, precision=HIGHEST)
-    if stacked:
+        r2 = jnp.sum(diff * diff, axis=-1)
+        along = lambda g, q: jnp.einsum("tsd,sk->tkd", diff * g[..., None], q,  # noqa: E731
+                                     precision=HIGHEST)
+    elif stacked:
         diff = y.T[:, :, None] - x.T[:, None, :]
         r2 = jnp.sum(diff * diff, axis=0)
+        along = lambda g, q: jnp.einsum("dts,sk->tkd", diff * g[None], q,  # noqa: E731
+                                     precision=HIGHEST)
     else:
         diffs = [y[:, i, None] - x[None, :, i] for i in range(y.shape[1])]
         r2 = sum(v * v for v in diffs)
+        along = lambda g, q: jnp.stack([jnp.dot(g * v, q, precision=HIGHEST)  # noqa: E731
+                                     for v in diffs], axis=-1)
     k, g = kernel.pair(r2, gradient)  # finite everywhere, so masking q suffices
     q = jnp.where(mask[:, None], q, 0)
     phi = jnp.dot(k, q, precision=HIGHEST)
-    if not gradient:
-        return phi, None
-    if stacked:
-        grad = jnp.einsum("dts,sk->tkd", diff * g[None], q, precision=HIGHEST)
-    else:
-        grad = jnp.stack([jnp.dot(g * v, q, precision=HIGHEST) for v in diffs], axis=-1)
-    return phi, grad
+    return phi, (along(g, q) if gradient else None)
 
 
 def _map(f, xs, batch: int):
