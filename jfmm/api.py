@@ -22,10 +22,15 @@ from jfmm.tree import adaptive as _adaptive
 
 # ------------------------------------------------------------------ direct
 
+# The direct sum as the FMM primitive on a one-box tree (near field only),
+# so that its jvp, transpose and batching rules are direct sums too.
+_DIRECT = Config(None, 1, 0, 0.5)
+
+
 @functools.partial(jax.jit, static_argnames=("gradient", "mode"))
 def _direct(sources, charges, targets, kernel, gradient, mode):
     q, layout = _inputs.charges_of(charges, sources.shape[0], sources.dtype)
-    phi, grad = backend.dense(kernel, targets, sources, q, gradient, mode)
+    phi, grad, _ = _fmm_eval(sources, q, targets, kernel, None, _DIRECT, gradient, mode)
     return _inputs.finish(phi, grad, layout, gradient)
 
 
@@ -36,6 +41,11 @@ def direct(sources, charges, targets=None, kernel=_kernels.Laplace3D(), gradient
     or None for the sources themselves. Returns phi (M,) or (M, k), and with
     gradient=True also grad (M, d) or (M, k, d), the gradient with respect
     to the target. Memory O((N + M) tile); O(N M) work.
+
+    Transformations are direct sums themselves (it is the FMM primitive on
+    a tree of one box, `jfmm.primitive`): jax.grad with respect to charges
+    and points, jvp and vmap keep memory O(N + M); a gradient through a
+    gradient=True output sums dipoles in forward mode on the jnp backend.
 
     dtype (the rule of `fmm`, `plan` and `direct` alike): the sums run in
     the points' dtype (sources and targets promoted together; integer
