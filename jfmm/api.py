@@ -265,12 +265,13 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                                          if x is not None):
         # Concrete points: a tree sized from them, and the order for it.
         pl = _new_plan(sources, targets, kernel, config, order, charged)
-        phi, grad, ok = backend.call(_apply_jits, pl, q, gradient=gradient,
-                                     mode=backend.current())
-    else:
-        phi, grad, ok = backend.call(_fmm_jits, sources, q, targets, kernel,
-                                     config.check_arrays, config=config.static,
-                                     gradient=gradient, mode=backend.current())
+        if sources is given[0] and targets is given[1]:
+            _keep_plan(sources, targets, pl, _plan_options(kernel, *opts, mesh, targets, charged))
+        # Applied as the next call applies it: one compiled program for both.
+        return pl.apply(charges if hasattr(charges, "shape") else jnp.asarray(charges), gradient)
+    phi, grad, ok = backend.call(_fmm_jits, sources, q, targets, kernel, config.check_arrays,
+                                 config=config.static, gradient=gradient,
+                                 mode=backend.current())
     _configure.raise_unchecked(ok, config)
     return _inputs.finish(phi, grad, layout, gradient)
 
@@ -328,13 +329,12 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
     latest plan for any), made on the second call on these points
     (make=False: only one made before); None on the first or where
     anything is traced."""
-    values = _configure.kernel_key(kernel)
     pts = (sources,) if targets is None else (sources, targets)
-    if (values is None or _compat.tracing()
+    options = _plan_options(kernel, eps, leaf_size, order, family, gradient, tree, mesh,
+                            targets, charged)
+    if (options[0] is None or _compat.tracing()
             or not all(isinstance(x, jax.Array) and _configure.concrete(x) for x in pts)):
         return None
-    options = (values, eps, leaf_size, order, family, gradient, tree, mesh, targets is None,
-               charged)
     seen = False                        # these points and options, other charges
     for i, (refs, opts, pl) in enumerate(_PLANS):
         if opts[:-1] != options[:-1] or not _same_arrays(refs, pts):
@@ -355,6 +355,24 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
                    mesh, fixed=True, charged=charged)
         _PLANS[i] = (refs, options, pl)
     return pl
+
+
+def _plan_options(kernel, eps, leaf_size, order, family, gradient, tree, mesh, targets,
+                  charged) -> tuple:
+    """What besides the points an eager call's plan is kept under."""
+    return (_configure.kernel_key(kernel), eps, leaf_size, order, family, gradient, tree, mesh,
+            targets is None, charged)
+
+
+def _keep_plan(sources, targets, pl, options: tuple):
+    """Keep pl, made by an eager call on first sight of these points, as
+    their plan (`_eager_plan`; options from `_plan_options`), so that the
+    next call on them compiles and builds nothing."""
+    pts = (sources,) if targets is None else (sources, targets)
+    for i, (refs, opts, held) in enumerate(_PLANS):
+        if held is None and opts == options and _same_arrays(refs, pts):
+            _PLANS[i] = (refs, opts, pl)
+            return
 
 
 # ------------------------------------------------------------------ plan

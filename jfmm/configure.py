@@ -147,6 +147,18 @@ class Config:
         return self.family.operators(self.order, lists.m2l_offsets(dim), dtype)
 
 
+def eager(f, *args):
+    """f(*args) of concrete arguments as a value, also inside a user's
+    trace (where a jitted f would be staged into it). Outside one, a
+    jitted f compiles and runs as one program: under
+    ensure_compile_time_eval each constant computation inside it (index
+    tables, Morton codes) would run op by op, each op compiled alone."""
+    if not _compat.tracing():
+        return f(*args)
+    with jax.ensure_compile_time_eval():
+        return f(*args)
+
+
 def concrete(x) -> bool:
     """Whether x is a value (not a tracer)."""
     return not isinstance(x, Tracer)
@@ -226,8 +238,7 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
             return config
         if bar is None:
             return config
-        with jax.ensure_compile_time_eval():
-            crowded = float(_tree.crowding(sources, targets, config.depth)) > bar
+        crowded = float(eager(_tree.crowding, sources, targets, config.depth)) > bar
         if not crowded:
             return config
     return dataclasses.replace(config, tree="adaptive",
@@ -262,8 +273,7 @@ def _cube_share(dim: int, depth: int) -> float:
     """The far field's share of sum 1/r^2 on evenly spread points (a fixed
     draw of 16,384 in the unit cube) on the uniform tree of `depth`."""
     x = jnp.asarray(np.random.default_rng(0).random((16384, dim)), jnp.float32)
-    with jax.ensure_compile_time_eval():
-        return float(laplace3d_model.far_share(x, None, depth))
+    return float(eager(laplace3d_model.far_share, x, None, depth))
 
 
 def on_uniform(config: Config, kernel, sources, targets, order=None,
@@ -287,8 +297,7 @@ def on_uniform(config: Config, kernel, sources, targets, order=None,
                     None)
 
     def order_at(depth):
-        with jax.ensure_compile_time_eval():
-            share = float(laplace3d_model.far_share(sources, targets, depth))
+        share = float(eager(laplace3d_model.far_share, sources, targets, depth))
         far = laplace3d_model.far_factor(share, _cube_share(dim, depth))
         return min(config.order, laplace3d_model.order_for_eps(
             config.eps, sources.dtype, (n_src * n_tgt) ** 0.5, config.gradient, far))
@@ -331,8 +340,7 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None,
     kernel = known_kernel(kernel)
     if not kernel.is_concrete():
         return config
-    with jax.ensure_compile_time_eval():
-        shares = np.asarray(_adaptive.pair_shares(tree), np.float64)
+    shares = np.asarray(eager(_adaptive.pair_shares, tree), np.float64)
     levels = {level: float(v) for level, v in enumerate(shares) if v > 0}
     n_src, dim = sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
@@ -825,8 +833,7 @@ def _pair_sample(sources, targets, count: int = 4096):
         return None
     n_tgt = sources.shape[0] if targets is None else targets.shape[0]
     i, j = _sample_indices(sources.shape[0], n_tgt, count)
-    with jax.ensure_compile_time_eval():
-        lo, side, x, y = jax.device_get(_sample_arrays(sources, targets, i, j))
+    lo, side, x, y = jax.device_get(eager(_sample_arrays, sources, targets, i, j))
     return Sample(np.asarray(lo, np.float64), float(side), np.asarray(x, np.float64),
                   np.asarray(y, np.float64))
 

@@ -195,6 +195,21 @@ def test_the_tree_auto_chooses(rng):
     assert gauss.config.tree == "uniform"                    # the transform keeps its grid
 
 
+def test_eager_calls_keep_the_first_calls_tree(rng, monkeypatch):
+    """An eager call that builds an adaptive tree keeps it as its points'
+    plan: later calls on the same arrays with new charges build none and
+    stay within eps."""
+    x = jnp.asarray(scales(1000, rng, 3, 3))
+    built, real = [], adaptive.plan_tree
+    monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
+    for _ in range(3):
+        q = charges(1000, rng)
+        phi, grad = jfmm.fmm(x, q, eps=1e-4, leaf_size=2, gradient=True)
+        ref, gref = radial_reference(K.Laplace3D(), np.asarray(x), q)
+        assert rel(phi, ref) <= 1e-4 and rel(grad, gref) <= 1e-4
+    assert len(built) == 1
+
+
 # Traced points: trees of bounded capacities (`adaptive.bounded_capacities`).
 
 def coincident_but_few(n, rng, dim):

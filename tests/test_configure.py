@@ -196,3 +196,11 @@ def test_remembered_plans_stay_out_of_transformations(rng):
     api._eager_plan(x, None, K.Gaussian(4.0), *opts)
     assert api._eager_plan(x, None, K.Gaussian(4.0), *opts) is not None
     assert jax.jit(lambda: api._eager_plan(x, None, K.Gaussian(4.0), *opts) is None)()
+
+
+def test_row_top_keeps_ties(rng):
+    """`laplace3d.row_top` (the far share's largest near pairs) against
+    numpy's sort, on rows full of ties."""
+    v = np.round(rng.random((37, 300)) * 20) / 20
+    got = np.asarray(laplace3d_model.row_top(jnp.asarray(v), 8))
+    assert np.array_equal(np.sort(got, axis=1), np.sort(v, axis=1)[:, -8:])
