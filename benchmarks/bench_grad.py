@@ -1,7 +1,9 @@
-"""Reverse-mode gradients through jfmm.fmm against the forward call.
+"""Reverse-mode gradients through jfmm.fmm (or jfmm.direct) against the
+forward call.
 
     python benchmarks/bench_grad.py --n 1048576 --dtype float32 --eps 1e-5 \
         --out docs/data/grad_float32.json
+    python benchmarks/bench_grad.py --sum direct --n 131072 --out docs/data/grad_direct.json
 
 Two losses, each differentiated with jax.grad with respect to every input:
 
@@ -16,7 +18,9 @@ dE/dq_i = phi(x_i), dE/dx_i = q_i grad phi(x_i); dL/dy_j = w_j grad phi(y_j),
 dL/dq_i = psi(x_i), dL/dx_i = q_i grad psi(x_i) with psi the potential of
 charges w at y.
 
-JSON row fields: loss (forward, energy or probe), call, n, kernel, dim,
+--sum direct differentiates `jfmm.direct` instead (eps unused).
+
+JSON row fields: loss (forward, energy or probe), sum, call, n, kernel, dim,
 points, dtype, eps, first_call_s (compilation + first run), time_ms, ratio
 (to the forward call), temp_mb, and the errors of that call: err_phi,
 err_grad (forward), err_dx, err_dq (energy, probe), err_dy (probe).
@@ -64,6 +68,7 @@ def main():
     ap.add_argument("--dist", default="cube", help="points: cube, sphere or plummer")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--eps", type=float, default=1e-5)
+    ap.add_argument("--sum", default="fmm", choices=("fmm", "direct"))
     args = ap.parse_args()
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
@@ -81,14 +86,19 @@ def main():
     psi, gpsi = reference(y64, w64, x64[s])                  # adjoint field at x_s
     _, gy = reference(x64, q64, y64[s])                      # grad phi at y_s
 
+    def summed(*a, **kw):
+        if args.sum == "direct":
+            return jfmm.direct(*a, **kw)
+        return jfmm.fmm(*a, eps=eps, **kw)
+
     def forward(a, c):
-        return jfmm.fmm(a, c, eps=eps, gradient=True)
+        return summed(a, c, gradient=True)
 
     def energy(a, c):
-        return 0.5 * jnp.sum(c * jfmm.fmm(a, c, eps=eps))
+        return 0.5 * jnp.sum(c * summed(a, c))
 
     def probe(a, c, b):
-        return jnp.sum(wd * jfmm.fmm(a, c, b, eps=eps))
+        return jnp.sum(wd * summed(a, c, b))
 
     # (loss, description, function, arguments, errors of its outputs)
     calls = [
@@ -101,7 +111,7 @@ def main():
          lambda o: dict(err_dx=rel(o[0][s], q64[s, None] * gpsi), err_dq=rel(o[1][s], psi),
                         err_dy=rel(o[2][s], w64[s, None] * gy))),
     ]
-    table = Table(f"gradients through jfmm.fmm, N = M = {n:,} {args.dist}, {args.dtype}, "
+    table = Table(f"gradients through jfmm.{args.sum}, N = M = {n:,} {args.dist}, {args.dtype}, "
                   f"eps {eps:g}", COLUMNS)
     t_fwd = None
     for loss, name, f, fargs, errors in calls:
@@ -109,7 +119,7 @@ def main():
         t = median_time(c, *fargs, repeats=args.repeats)
         t_fwd = t_fwd or t
         out = [np.asarray(o) for o in c(*fargs)]
-        table.add(dict(loss=loss, call=name, n=n, kernel="Laplace3D", dim=3, points=args.dist,
+        table.add(dict(loss=loss, sum=args.sum, call=name, n=n, kernel="Laplace3D", dim=3, points=args.dist,
                        dtype=args.dtype, eps=eps, first_call_s=first, time_ms=t * 1e3,
                        ratio=t / t_fwd, temp_mb=temp / 2 ** 20, **errors(out)))
     table.save(args.out)

@@ -7,7 +7,7 @@ One configuration per process (compilation caches start empty); with --out
 the row is appended to the file's rows if it exists, so one file collects a
 process per configuration. KERNEL: a `jfmm.kernels.get` name (laplace3d,
 yukawa with kappa 2, ...). Times, at --n uniform points (default 2^20) with
-potential and gradient: the first eager `jfmm.fmm` call (choices,
+potential and gradient (--points: their distribution, default the cube): the first eager `jfmm.fmm` call (choices,
 compilation, run), the second (same shapes: choices and run), `jfmm.plan`
 plus the first `Plan.apply`, and the second apply; and the relative L2 error
 of the potential on 1,000 sampled targets against a float64 direct sum.
@@ -30,8 +30,8 @@ from common import first_time, make_points, parser, rel, sample, Table
 import jfmm
 
 COLUMNS = [
-    ("kernel", "kernel", ""), ("dtype", "dtype", ""), ("eps", "eps", "g"),
-    ("xla_flags", "XLA_FLAGS", lambda r: r["xla_flags"] or "(none)"),
+    ("kernel", "kernel", ""), ("points", "points", ""), ("n", "N", ","),
+    ("dtype", "dtype", ""), ("eps", "eps", "g"), ("xla_flags", "XLA_FLAGS", lambda r: r["xla_flags"] or "(none)"),
     ("first_fmm_s", "first fmm s", ".1f"), ("second_fmm_ms", "second fmm ms", ".0f"),
     ("plan_first_apply_s", "plan + first apply s", ".1f"),
     ("second_apply_ms", "second apply ms", ".1f"), ("err_phi", "err phi", ".2e"),
@@ -44,12 +44,13 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--eps", type=float, default=1e-5)
     ap.add_argument("--n", type=int, default=2 ** 20)
+    ap.add_argument("--points", default="cube", help="cube, sphere, plummer or clusters")
     args = ap.parse_args()
     name, dtype, eps, n = args.kernel, np.dtype(args.dtype).type, args.eps, args.n
     jax.config.update("jax_enable_x64", True)
     kernel = jfmm.kernels.get(name, **({"kappa": 2.0} if name == "yukawa" else {}))
     rng = np.random.default_rng(args.seed)
-    x = make_points("cube", n, rng).astype(dtype)
+    x = make_points(args.points, n, rng).astype(dtype)
     q = (rng.random(n) - 0.5).astype(dtype)
     xd, qd = jax.device_put(x), jax.device_put(q)
     fmm = lambda: jfmm.fmm(xd, qd, kernel=kernel, eps=eps, gradient=True)  # noqa: E731
@@ -62,7 +63,7 @@ def main():
     ref = jfmm.direct(x.astype(np.float64), q.astype(np.float64), x[s].astype(np.float64),
                       kernel=kernel)
     table = Table("first calls, fresh process", COLUMNS)
-    table.add(dict(kernel=str(kernel), n=n, dim=3, points="cube", dtype=args.dtype, eps=eps,
+    table.add(dict(kernel=str(kernel), n=n, dim=3, points=args.points, dtype=args.dtype, eps=eps,
                    family=pl.family, order=pl.order, depth=pl.tree.depth,
                    xla_flags=os.environ.get("XLA_FLAGS", ""), first_fmm_s=first,
                    second_fmm_ms=second * 1e3, plan_first_apply_s=t_plan + apply1,
