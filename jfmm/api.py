@@ -261,13 +261,13 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     config = _configure.choose_tree(config, sources, targets, tree, order, mesh)
     config = _configure.on_uniform(config, kernel, sources, targets, order,
                                    leaf_size).with_mesh(mesh)
-    if config.tree == "adaptive" and all(_configure.concrete(x) for x in (sources, targets)
-                                         if x is not None):
-        # Concrete points: a tree sized from them, and the order for it.
+    if all(_configure.concrete(x) for x in (sources, targets) if x is not None):
+        # Concrete points: their plan (an adaptive tree sized from them, and
+        # the order for it), kept for the next call on these arrays and
+        # applied as it will apply it: one compiled program for both.
         pl = _new_plan(sources, targets, kernel, config, order, charged)
         if sources is given[0] and targets is given[1]:
             _keep_plan(sources, targets, pl, _plan_options(kernel, *opts, mesh, targets, charged))
-        # Applied as the next call applies it: one compiled program for both.
         return pl.apply(charges if hasattr(charges, "shape") else jnp.asarray(charges), gradient)
     phi, grad, ok = backend.call(_fmm_jits, sources, q, targets, kernel, config.check_arrays,
                                  config=config.static, gradient=gradient,
@@ -326,8 +326,9 @@ def _eager_plan(sources, targets, kernel, eps, leaf_size, order, family, gradien
     """The Plan of eager calls on these very jax arrays (immutable, so the
     same objects hold the same points) with the same kernel values and
     options and moments of the charges (`configure.charged`; _ANY: the
-    latest plan for any), made on the second call on these points
-    (make=False: only one made before); None on the first or where
+    latest plan for any): the one an eager call made and kept on first
+    sight of these points (`_keep_plan`), or else made here on the second
+    sight (make=False: only one made before); None on the first or where
     anything is traced."""
     pts = (sources,) if targets is None else (sources, targets)
     options = _plan_options(kernel, eps, leaf_size, order, family, gradient, tree, mesh,

@@ -154,12 +154,13 @@ def test_derivatives_on_an_adaptive_plan(rng):
     assert rel(fast(q, pl), np.asarray(want)) <= 3e-4
 
 
-def test_the_tree_auto_chooses(rng):
+def test_the_tree_auto_chooses(rng, monkeypatch):
     """"auto": adaptive where the points crowd the uniform tree, uniform on
     uniform points, for concrete and traced points alike (traced: chosen
     at run time; under vmap one tree for the batch, adaptive where any
     member crowds); tree="adaptive" needs a tree family, and on traced
-    points the Laplace series."""
+    points the Laplace series. An eager call keeps its adaptive tree for
+    the next call on the same array: that call builds none."""
     crowded, even = scales(1000, rng, 3, 3), points("cube", 1000, rng, 3)
     opts = dict(eps=1e-4, leaf_size=2)              # depth 3
     # At depth 3 crowding stays below 8^3 / 3^3 = 19 (all points in one
@@ -171,9 +172,13 @@ def test_the_tree_auto_chooses(rng):
     assert jfmm.plan(even, **opts).config.tree == "uniform"
     shallow = jfmm.plan(crowded, eps=1e-4, leaf_size=16)
     assert shallow.config.depth == 2 and shallow.config.tree == "uniform"
-    q = charges(1000, rng)
-    phi = jfmm.fmm(crowded, q, **opts)                        # eager: adaptive
-    assert rel(phi, radial_reference(K.Laplace3D(), crowded, q, gradient=False)[0]) <= 1e-4
+    built, real = [], adaptive.plan_tree
+    monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
+    held = jnp.asarray(crowded)
+    for q in (charges(1000, rng), charges(1000, rng)):
+        phi = jfmm.fmm(held, q, **opts)                       # eager: adaptive, kept
+        assert rel(phi, radial_reference(K.Laplace3D(), crowded, q, gradient=False)[0]) <= 1e-4
+    assert len(built) == 1
     traced = jax.jit(lambda a, tree: jfmm.fmm(a, q, tree=tree, **opts), static_argnums=1)
     adaptive_phi = traced(crowded, "adaptive")                # bounded capacities
     assert rel(adaptive_phi, phi) <= 2e-4
@@ -193,21 +198,6 @@ def test_the_tree_auto_chooses(rng):
         jfmm.plan(crowded, tree="octree")
     gauss = jfmm.plan(crowded, kernel=K.Gaussian(3.0), eps=1e-4, family="hermite")
     assert gauss.config.tree == "uniform"                    # the transform keeps its grid
-
-
-def test_eager_calls_keep_the_first_calls_tree(rng, monkeypatch):
-    """An eager call that builds an adaptive tree keeps it as its points'
-    plan: later calls on the same arrays with new charges build none and
-    stay within eps."""
-    x = jnp.asarray(scales(1000, rng, 3, 3))
-    built, real = [], adaptive.plan_tree
-    monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
-    for _ in range(3):
-        q = charges(1000, rng)
-        phi, grad = jfmm.fmm(x, q, eps=1e-4, leaf_size=2, gradient=True)
-        ref, gref = radial_reference(K.Laplace3D(), np.asarray(x), q)
-        assert rel(phi, ref) <= 1e-4 and rel(grad, gref) <= 1e-4
-    assert len(built) == 1
 
 
 # Traced points: trees of bounded capacities (`adaptive.bounded_capacities`).
