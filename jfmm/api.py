@@ -84,13 +84,14 @@ def _fmm_eval(sources, charges, targets, kernel, check, config, gradient, mode):
                  gradient, mode)
 
 
-def _adaptive_tree(sources, targets, leaf: int):
+def _adaptive_tree(sources, targets, leaf: int, build=_adaptive.build):
     """The adaptive tree of traced points: capacities from their shapes
-    alone (`adaptive.bounded_capacities`), which hold any points."""
+    alone (`adaptive.bounded_capacities`), which hold any points. build:
+    `_adaptive_jit` for concrete points (one program, not op by op)."""
     n = sources.shape[0] + (0 if targets is None else targets.shape[0])
     caps = _adaptive.bounded_capacities(n, sources.shape[1], leaf, sources.dtype,
                                         None if targets is None else targets.shape[0])
-    return _adaptive.build(sources, targets, leaf, caps)
+    return build(sources, targets, leaf, caps)
 
 
 def _bind(tree, ops, kernel, charges, config, check, gradient, mode):
@@ -180,7 +181,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     uniform ones do; "auto" (the default) builds an adaptive tree where the
     points crowd the uniform one (`configure.choose_tree`). Which tree each
     path takes: an eager call and a plan build an adaptive tree sized from
-    their concrete points; a traced call (inside jit, grad with respect to
+    their concrete points (an eager call on new points of shapes an earlier
+    call sized one for takes, for the Laplace series, the traced points'
+    tree below, compiled once for a run of such calls); a traced call (inside jit, grad with respect to
     the points, vmap over point sets) builds one whose capacities follow
     from the shapes alone (`adaptive.bounded_capacities`: where a level runs
     out of room the most crowded boxes split first and larger leaves
@@ -265,7 +268,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         # Concrete points: their plan (an adaptive tree sized from them, and
         # the order for it), kept for the next call on these arrays and
         # applied as it will apply it: one compiled program for both.
-        pl = _new_plan(sources, targets, kernel, config, order, charged)
+        pl = _new_plan(sources, targets, kernel, config, order, charged,
+                       bounded=_moved(sources, targets, config))
         if sources is given[0] and targets is given[1]:
             _keep_plan(sources, targets, pl, _plan_options(kernel, *opts, mesh, targets, charged))
         return pl.apply(charges if hasattr(charges, "shape") else jnp.asarray(charges), gradient)
@@ -537,14 +541,41 @@ _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
 _adaptive_jit = jax.jit(_adaptive.build, static_argnums=(2, 3))
 
 
-def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None) -> Plan:
+# (shapes, dtype, leaf size) of the adaptive trees eager calls have sized
+# from their points (`_moved`).
+_SIZED = set()
+
+
+def _moved(sources, targets, config: Config) -> bool:
+    """Whether an eager call's adaptive tree of the 2D or 3D Laplace series
+    takes the capacities of traced points (`adaptive.bounded_capacities`):
+    where an earlier call sized one from other points of these shapes. A
+    run of eager calls on new points (time steps outside jit) then compiles
+    one tree, where a tree sized from each point set compiled its own (H200,
+    2^20 Plummer points, new points each call: 21 s a call). The first
+    point set of its shapes keeps the tighter tree sized from it."""
+    if config.tree != "adaptive" or config.name not in ("laplace3d", "laplace2d"):
+        return False
+    key = (sources.shape, None if targets is None else targets.shape, sources.dtype.name,
+           config.leaf)
+    seen = key in _SIZED
+    _SIZED.add(key)
+    return seen
+
+
+def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None,
+              bounded=False) -> Plan:
     """The plan of a configuration: its tree (an adaptive one sized from
-    these concrete points, and the order for it) and operators. A plan
-    keeps one family: of a configuration with a fallback (traced points),
-    the fallback, which serves every extent."""
+    these concrete points, and the order for it, or with bounded: the
+    tree of traced points) and operators. A plan keeps one family: of a
+    configuration with a fallback (traced points), the fallback, which
+    serves every extent."""
     config = config.fallback or config
     concrete = all(_configure.concrete(x) for x in (sources, targets) if x is not None)
-    if config.tree == "adaptive" and not concrete:      # bounded capacities, order chosen
+    if config.tree == "adaptive" and bounded:           # as traced points, order from shapes
+        config = _configure.on_tree(config, None, kernel, sources, targets, order, charged)
+        tree = _adaptive_tree(sources, targets, config.leaf, _adaptive_jit)
+    elif config.tree == "adaptive" and not concrete:    # bounded capacities, order chosen
         tree = _adaptive_tree(sources, targets, config.leaf)
     elif config.tree == "adaptive":
         tree = _adaptive.plan_tree(sources, targets, config.leaf)

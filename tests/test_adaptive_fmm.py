@@ -200,6 +200,23 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
     assert gauss.config.tree == "uniform"                    # the transform keeps its grid
 
 
+def test_eager_calls_on_new_points_share_one_tree(rng, monkeypatch):
+    """Eager calls on new point sets of the same shapes (time steps
+    outside jit): the first sizes its adaptive tree from its points, later
+    ones take the tree of traced points, compiled once, within eps."""
+    from jfmm import api
+
+    monkeypatch.setattr(api, "_SIZED", set())
+    built, real = [], adaptive.plan_tree
+    monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
+    q, bounded = charges(1000, rng), []
+    for x in (scales(1000, rng, 3, 3), scales(1000, rng, 3, 4), scales(1000, rng, 3, 5)):
+        phi = jfmm.fmm(jnp.asarray(x), q, eps=1e-4, leaf_size=2)
+        assert rel(phi, radial_reference(K.Laplace3D(), x, q, gradient=False)[0]) <= 1e-4
+        bounded.append(api._PLANS[0][2].tree.caps.bounded)       # the plan the call kept
+    assert len(built) == 1 and bounded == [False, True, True]
+
+
 # Traced points: trees of bounded capacities (`adaptive.bounded_capacities`).
 
 def coincident_but_few(n, rng, dim):
