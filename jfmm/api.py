@@ -181,9 +181,10 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     uniform ones do; "auto" (the default) builds an adaptive tree where the
     points crowd the uniform one (`configure.choose_tree`). Which tree each
     path takes: an eager call and a plan build an adaptive tree sized from
-    their concrete points (an eager call on new points of shapes an earlier
-    call sized one for takes, for the Laplace series, the traced points'
-    tree below, compiled once for a run of such calls); a traced call (inside jit, grad with respect to
+    their concrete points (an eager call on new points of shapes an
+    earlier call sized one for takes, for the Laplace series on one
+    device, the traced points' tree below, compiled once for a run of such
+    calls); a traced call (inside jit, grad with respect to
     the points, vmap over point sets) builds one whose capacities follow
     from the shapes alone (`adaptive.bounded_capacities`: where a level runs
     out of room the most crowded boxes split first and larger leaves
@@ -548,13 +549,14 @@ _SIZED = set()
 
 def _moved(sources, targets, config: Config) -> bool:
     """Whether an eager call's adaptive tree of the 2D or 3D Laplace series
-    takes the capacities of traced points (`adaptive.bounded_capacities`):
+    on one device takes the capacities of traced points (`adaptive.bounded_capacities`):
     where an earlier call sized one from other points of these shapes. A
     run of eager calls on new points (time steps outside jit) then compiles
     one tree, where a tree sized from each point set compiled its own (H200,
     2^20 Plummer points, new points each call: 21 s a call). The first
     point set of its shapes keeps the tighter tree sized from it."""
-    if config.tree != "adaptive" or config.name not in ("laplace3d", "laplace2d"):
+    if (config.tree != "adaptive" or config.name not in ("laplace3d", "laplace2d")
+            or config.mesh is not None):
         return False
     key = (sources.shape, None if targets is None else targets.shape, sources.dtype.name,
            config.leaf)
