@@ -16,13 +16,11 @@ second_s, err_phi.
 """
 from __future__ import annotations
 
-import time
-
 import jax
 import numpy as np
 
 # common puts the checkout on sys.path, before jfmm is imported.
-from common import make_points, parser, reference, rel, sample, Table
+from common import first_time, make_points, parser, reference, rel, sample, Table
 
 import jfmm
 
@@ -32,12 +30,6 @@ COLUMNS = [
     ("new_ms", "new points each call ms", lambda r: f"**{r['new_ms']:.1f}**"),
     ("again_ms", "again on them ms", ".1f"), ("err_phi", "err phi", ".1e"),
 ]
-
-
-def timed(f):
-    t = time.perf_counter()
-    out = jax.block_until_ready(f())
-    return out, time.perf_counter() - t
 
 
 def main():
@@ -60,8 +52,8 @@ def main():
         new, again = [], []
         for step in range(args.steps):
             x = jax.block_until_ready(jax.device_put(make_points(kind, n, rng).astype(dtype)))
-            (phi, _), t_new = timed(lambda: call(x, q))
-            _, t_again = timed(lambda: call(x, 2 * q))
+            (phi, _), t_new = first_time(call, x, q)
+            _, t_again = first_time(call, x, 2 * q)
             new.append(t_new)
             again.append(t_again)
         s = sample(rng, n)

@@ -128,9 +128,10 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     array sizes follow from input shapes alone, so no input of given shapes
     can overflow anything. Non-finite coordinates or charges raise eagerly
     (under jit they give NaN results), as does an eps outside (0, 1); float64
-    data with jax's x64 mode off warns once (it is computed in float32). Eager calls remember their choices
-    (`configure.resolve_eager`), and calls on the same jax arrays the plan
-    of the second: a repeated call costs about a `Plan.apply`.
+    data with jax's x64 mode off warns once (it is computed in float32).
+    Eager calls remember their choices (`configure.resolve_eager`) and keep
+    the plan they sum through for later calls on the same jax arrays: a
+    repeated call costs about a `Plan.apply`.
 
     The charges: eps is relative to phi, which charges that cancel by
     construction make small (zero sum and first moments: the weights of an
@@ -574,11 +575,12 @@ def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None
     serves every extent."""
     config = config.fallback or config
     concrete = all(_configure.concrete(x) for x in (sources, targets) if x is not None)
-    if config.tree == "adaptive" and bounded:           # as traced points, order from shapes
-        config = _configure.on_tree(config, None, kernel, sources, targets, order, charged)
-        tree = _adaptive_tree(sources, targets, config.leaf, _adaptive_jit)
-    elif config.tree == "adaptive" and not concrete:    # bounded capacities, order chosen
-        tree = _adaptive_tree(sources, targets, config.leaf)
+    if config.tree == "adaptive" and (bounded or not concrete):
+        # Capacities from the shapes; traced points' order was chosen for them.
+        if bounded:
+            config = _configure.on_tree(config, None, kernel, sources, targets, order, charged)
+        tree = _adaptive_tree(sources, targets, config.leaf,
+                              _adaptive_jit if concrete else _adaptive.build)
     elif config.tree == "adaptive":
         tree = _adaptive.plan_tree(sources, targets, config.leaf)
         config = _configure.on_tree(config, tree, kernel, sources, targets, order, charged)

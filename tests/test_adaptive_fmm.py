@@ -10,7 +10,7 @@ from conftest import charges, points, radial_reference, rel
 from test_fmm import _Counting, _One
 
 import jfmm
-from jfmm import configure, passes
+from jfmm import api, configure, passes
 from jfmm import kernels as K
 from jfmm.tree import adaptive, crowding, lists
 
@@ -204,8 +204,6 @@ def test_eager_calls_on_new_points_share_one_tree(rng, monkeypatch):
     """Eager calls on new point sets of the same shapes (time steps
     outside jit): the first sizes its adaptive tree from its points, later
     ones take the tree of traced points, compiled once, within eps."""
-    from jfmm import api
-
     monkeypatch.setattr(api, "_SIZED", set())
     built, real = [], adaptive.plan_tree
     monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
