@@ -781,10 +781,12 @@ _FLOORS = {"laplace3d": laplace3d_model.EPS_FLOOR, "laplace2d": laplace2d_model.
            "chebyshev": chebyshev_model.ROUNDING_FLOOR}
 
 
-def below_crossover(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float) -> bool:
-    """Whether a call of these sizes with no order, leaf size or tree given
-    sums all pairs (`DIRECT_PAIRS`)."""
-    return _direct(kernel, dim, dtype, n_src, n_tgt, eps, None, None, "auto")
+def below_crossover(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float,
+                    family: str = "auto") -> bool:
+    """Whether the direct sum beats the FMM of `family` ("auto": the
+    kernel's own) at these sizes (`DIRECT_PAIRS`)."""
+    name = _tree_family(kernel, dim, family)[0].NAME
+    return _below(name, dim, dtype, n_src, n_tgt, eps)
 
 
 def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float, order, leaf_size,
@@ -795,7 +797,10 @@ def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float, order, 
     if (family not in (None, "auto") or order is not None or leaf_size is not None
             or tree != "auto"):
         return False
-    name = _tree_family(kernel, dim, "auto")[0].NAME
+    return below_crossover(kernel, dim, dtype, n_src, n_tgt, eps)
+
+
+def _below(name: str, dim: int, dtype, n_src: int, n_tgt: int, eps: float) -> bool:
     table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
     entry = table.get((name, dim, jnp.dtype(dtype).name))
     if entry is None:

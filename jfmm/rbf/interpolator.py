@@ -624,13 +624,18 @@ class RBFInterpolator:
         return jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0]
 
     def _far(self, lifted):
-        """FMM sum from the data points plus the polynomial at lifted
+        """The sum from the data points (the FMM, or the direct sum below
+        the crossover: `system.direct`) plus the polynomial at lifted
         points (M, D)."""
         st, m = self._static, lifted.shape[0]
         k = kernel_for(st.kernel, self.epsilon)
         padded = _padded(lifted)
-        out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
-                      family="chebyshev", order=st.order)[:m]
+        if system.direct(k, padded.shape[1], padded.dtype, self._sites.shape[0],
+                         padded.shape[0], st.fmm_eps):
+            out = api.direct(self._sites, self._coeffs, padded, kernel=k)[:m]
+        else:
+            out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
+                          family="chebyshev", order=st.order)[:m]
         p = polynomial.monomials((lifted - self._shift) / self._scale,
                                  _lift_powers(self.powers))
         return out + p @ self._poly

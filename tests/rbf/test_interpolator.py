@@ -182,6 +182,28 @@ def test_krylov_clustered_sites(rng, small_levels):
     assert rel(ours(x), ref) < 1e-7
 
 
+@pytest.mark.crossover
+def test_solver_sums_follow_the_crossover(rng, monkeypatch):
+    """Above DIRECT_PAIRS the backend's measured crossover decides between
+    the direct sum and an FMM plan: 4,200 points to themselves (1.8e7
+    pairs) sum directly at eps 1e-7 on the CPU, exactly (a numpy sum), and
+    with no crossover measured they take a plan."""
+    from jfmm import configure
+
+    n = 4200
+    assert n * n > system.DIRECT_PAIRS
+    y = sites("cluster", n, rng, 3)
+    q = rng.random(n) - 0.5
+    k = kernel_for("linear", 1.0)
+    pts = jnp.asarray(y)
+    direct = system.pair_sum(pts, pts, k, 1e-7)
+    assert direct.plan is None
+    r = np.sqrt(np.sum((y[:, None, :] - y[None, :, :]) ** 2, axis=-1))
+    assert rel(direct(jnp.asarray(q)), -r @ q) < 1e-13
+    monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {}, "gpu": {}})
+    assert system.pair_sum(pts, pts, k, 1e-7).plan is not None
+
+
 def test_krylov_with_fmm_sums(rng):
     """Above 2^24 pairs every sum is an FMM plan: agreement to the tol asked
     for (1e-6 residual with FMM eps 1e-7)."""
