@@ -1,5 +1,5 @@
 """jfmm: fast multipole sums in JAX (jit, vmap, grad), with Pallas GPU kernels."""
-from jfmm import _cache, kernels, vortex
+from jfmm import _cache, _xla, kernels, vortex
 from jfmm.api import Plan, direct, fmm, plan
 from jfmm.rbf import RBFInterpolator
 
@@ -7,3 +7,4 @@ __all__ = ["Plan", "RBFInterpolator", "direct", "fmm", "kernels", "plan", "vorte
 __version__ = "0.1.0"
 
 _cache.enable()
+_xla.enable()

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 from jfmm import _cache
 
@@ -42,3 +43,37 @@ def test_a_cache_the_process_set_is_left_alone():
     jfmm offers no other."""
     assert jax.config.jax_compilation_cache_dir is not None
     assert _cache.folder() is None
+
+
+GEMM = """
+import os, sys
+import jax
+import pytest
+if sys.argv[1] == "started":
+    jax.devices()
+import jfmm
+print(os.environ.get("XLA_FLAGS", ""))
+"""
+
+
+@pytest.mark.parametrize("case, flags, expected", [
+    ("default", None, "--xla_gpu_enable_triton_gemm=false"),
+    ("user's flags", "--xla_gpu_enable_triton_gemm=true", "--xla_gpu_enable_triton_gemm=true"),
+    ("other flags", "--xla_cpu_enable_fast_math=false",
+     "--xla_cpu_enable_fast_math=false --xla_gpu_enable_triton_gemm=false"),
+    ("opted out", None, ""),
+    ("started", None, ""),
+])
+def test_triton_gemm_default_follows_the_environment(case, flags, expected):
+    """`import jfmm` turns off XLA's Triton GEMMs (`jfmm._xla`) where the
+    user's XLA_FLAGS, JFMM_TRITON_GEMM and the backends' start allow."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JFMM_TRITON_GEMM")}
+    env["JAX_PLATFORMS"] = "cpu"
+    if flags:
+        env["XLA_FLAGS"] = flags
+    if case == "opted out":
+        env["JFMM_TRITON_GEMM"] = "1"
+    out = subprocess.run([sys.executable, "-c", GEMM, case.split()[0]], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == expected

@@ -335,7 +335,9 @@ def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str,
 
 # jfmm's own top-level GPU calls compile without XLA's Triton GEMM
 # autotuning (first call 5 s against 23 s at 2^20: docs/design.md,
-# "Compilation"); a user's XLA_FLAGS setting of it always wins.
+# "Compilation") where the process's XLA_FLAGS leave it on (`jfmm._xla`
+# turns it off at import unless told not to); a user's XLA_FLAGS setting of
+# it always wins.
 FAST_COMPILE = {"xla_gpu_enable_triton_gemm": False}
 
 
