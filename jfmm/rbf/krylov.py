@@ -43,69 +43,77 @@ def fgmres(matvec: Callable, b, precondition: Callable, *, tol: float, restart: 
     tiny = jnp.finfo(dtype).tiny
     bnorm = jnp.linalg.norm(b)
     target = tol * bnorm
+    zero = jnp.zeros((), jnp.int32)
 
-    def cycle(state):
-        x, steps, *_ = state
-        r = b - matvec(x)
+    # One loop whose every step applies matvec once, so that it is traced
+    # and compiled once (the FMM's passes dominate a solve's program): at
+    # j = 0 a step takes the true residual b - A x, which ends the solve or
+    # starts a cycle; at j = k + 1 it is the cycle's Arnoldi step k, on
+    # z = M v_k. A cycle ends at `restart` steps, at maxiter, or where the
+    # Givens estimate reaches tol; the next step's true residual confirms it.
+    def begin(state, z, w):
+        x, steps, j, V, Z, H, cs, sn, g, estimate, done = state
+        r = b - w
         beta = jnp.linalg.norm(r)
-        V = jnp.zeros((restart + 1, n), dtype).at[0].set(r / jnp.maximum(beta, tiny))
-        Z = jnp.zeros((restart, n), dtype)
-        H = jnp.zeros((restart + 1, restart), dtype)
-        cs = jnp.zeros((restart,), dtype)
-        sn = jnp.zeros((restart,), dtype)
-        g = jnp.zeros((restart + 1,), dtype).at[0].set(beta)
+        done = (steps >= maxiter) | (beta <= target)
+        V = jnp.zeros_like(V).at[0].set(r / jnp.maximum(beta, tiny))
+        g = jnp.zeros_like(g).at[0].set(beta)
+        return (x, steps, j + 1, V, jnp.zeros_like(Z), jnp.zeros_like(H), jnp.zeros_like(cs),
+                jnp.zeros_like(sn), g, beta, done)
 
-        def arnoldi(inner):
-            j, V, Z, H, cs, sn, g = inner
-            z = precondition(V[j])
-            w = matvec(z)
-            live = (jnp.arange(restart + 1) <= j).astype(dtype)
-            h = (V @ w) * live
-            w = w - h @ V
-            h2 = (V @ w) * live
-            w = w - h2 @ V
-            h = h + h2
-            hn = jnp.linalg.norm(w)
-            V = V.at[j + 1].set(w / jnp.maximum(hn, tiny))
-            Z = Z.at[j].set(z)
-            h = h.at[j + 1].set(hn)
+    def arnoldi(state, z, w):
+        x, steps, j, V, Z, H, cs, sn, g, estimate, done = state
+        k = j - 1
+        live = (jnp.arange(restart + 1) <= k).astype(dtype)
+        h = (V @ w) * live
+        w = w - h @ V
+        h2 = (V @ w) * live
+        w = w - h2 @ V
+        h = h + h2
+        hn = jnp.linalg.norm(w)
+        V = V.at[k + 1].set(w / jnp.maximum(hn, tiny))
+        Z = Z.at[k].set(z)
+        h = h.at[k + 1].set(hn)
 
-            def rotate(i, h):
-                a, c = h[i], h[i + 1]
-                return h.at[i].set(cs[i] * a + sn[i] * c).at[i + 1].set(-sn[i] * a + cs[i] * c)
-            h = jax.lax.fori_loop(0, j, rotate, h)
-            denom = jnp.maximum(jnp.hypot(h[j], h[j + 1]), tiny)
-            c, s = h[j] / denom, h[j + 1] / denom
-            cs, sn = cs.at[j].set(c), sn.at[j].set(s)
-            h = h.at[j].set(c * h[j] + s * h[j + 1]).at[j + 1].set(0.0)
-            g = g.at[j + 1].set(-s * g[j]).at[j].set(c * g[j])
-            return j + 1, V, Z, H.at[:, j].set(h), cs, sn, g
+        def rotate(i, h):
+            a, c = h[i], h[i + 1]
+            return h.at[i].set(cs[i] * a + sn[i] * c).at[i + 1].set(-sn[i] * a + cs[i] * c)
+        h = jax.lax.fori_loop(0, k, rotate, h)
+        denom = jnp.maximum(jnp.hypot(h[k], h[k + 1]), tiny)
+        c, s = h[k] / denom, h[k + 1] / denom
+        cs, sn = cs.at[k].set(c), sn.at[k].set(s)
+        h = h.at[k].set(c * h[k] + s * h[k + 1]).at[k + 1].set(0.0)
+        g = g.at[k + 1].set(-s * g[k]).at[k].set(c * g[k])
+        H = H.at[:, k].set(h)
+        estimate = jnp.abs(g[k + 1])
+        end = (j == restart) | (steps + j >= maxiter) | (estimate <= target)
 
-        def more(inner):
-            j, *_, g = inner
-            return (j < restart) & (steps + j < maxiter) & (jnp.abs(g[j]) > target)
+        def close(x, steps):
+            used = jnp.arange(restart) < j
+            R = jnp.where(used[:, None] & used[None, :], H[:restart],
+                          jnp.eye(restart, dtype=dtype))
+            y = jax.scipy.linalg.solve_triangular(R, jnp.where(used, g[:restart], 0.0),
+                                                  lower=False)
+            return x + y @ Z, steps + j
 
-        j, V, Z, H, cs, sn, g = jax.lax.while_loop(more, arnoldi, (0, V, Z, H, cs, sn, g))
-        used = jnp.arange(restart) < j
-        R = jnp.where(used[:, None] & used[None, :], H[:restart], jnp.eye(restart, dtype=dtype))
-        y = jax.scipy.linalg.solve_triangular(R, jnp.where(used, g[:restart], 0.0), lower=False)
-        return x + y @ Z, steps + j, beta, jnp.abs(g[j]), j
+        x, steps = jax.lax.cond(end, close, lambda x, steps: (x, steps), x, steps)
+        done = end & (steps >= maxiter) & (not recompute)
+        return (x, steps, jnp.where(end, 0, j + 1), V, Z, H, cs, sn, g, estimate, done)
 
-    def again(state):
-        _, steps, beta, _, _ = state
-        return (steps < maxiter) & (beta > target)
+    def step(state):
+        x, steps, j, V, *_ = state
+        start = j == 0
+        z = jax.lax.cond(start, lambda: x, lambda: precondition(V[jnp.maximum(j - 1, 0)]))
+        w = matvec(z)
+        return jax.lax.cond(start, begin, arnoldi, state, z, w)
 
-    # A cycle runs while the true residual at its start is above target, so
-    # a Givens estimate that reached it ends the solve only once confirmed.
     inf = jnp.asarray(jnp.inf, dtype)
-    x, steps, beta, estimate, last = jax.lax.while_loop(
-        again, cycle, (jnp.zeros_like(b), 0, inf, inf, 0))
-    if recompute:           # x moved after beta was taken unless the last cycle took no step
-        residual = jax.lax.cond(last == 0, lambda: beta,
-                                lambda: jnp.linalg.norm(b - matvec(x)))
-    else:
-        residual = estimate
-    return x, Convergence(steps, residual / jnp.maximum(bnorm, tiny))
+    state = (jnp.zeros_like(b), zero, zero, jnp.zeros((restart + 1, n), dtype),
+             jnp.zeros((restart, n), dtype), jnp.zeros((restart + 1, restart), dtype),
+             jnp.zeros((restart,), dtype), jnp.zeros((restart,), dtype),
+             jnp.zeros((restart + 1,), dtype), inf, jnp.zeros((), bool))
+    x, steps, *_, estimate, _ = jax.lax.while_loop(lambda s: ~s[-1], step, state)
+    return x, Convergence(steps, estimate / jnp.maximum(bnorm, tiny))
 
 
 def solve(matvec: Callable, b, precondition: Callable, *, tol: float, restart: int,
