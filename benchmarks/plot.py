@@ -23,6 +23,9 @@ which are missing) and saved as a PNG in --docs:
                      second process, a second constructor, an eager refit
                      and evaluation at 10^6 points (bench_rbf_fit --user:
                      rbf_user_gpu.json)
+  rbf_first.png      the first RBF constructor in a fresh process and the
+                     eager refit, commit by commit (bench_rbf_fit --user:
+                     rbf_user_h100.json)
   crossover.png      eager fmm over direct against N, per case, on the GPU
                      and the CPU (bench_crossover: crossover_gpu.json,
                      crossover_gpu2.json, crossover_cpu.json)
@@ -351,6 +354,36 @@ def rbf_fit(data, docs):
     return True
 
 
+def rbf_first(data, docs):
+    found = load(data, "rbf_user_h100.json")
+    if found is None:
+        return False
+    rows = found[1]
+    commits = list(dict.fromkeys(r["commit"] for r in rows))
+    cases = sorted({(r["kernel"], r["n"]) for r in rows}, key=lambda c: (c[1], c[0]))
+    at = {(r["commit"], r["kernel"], r["n"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    width = 0.8 / len(commits)
+    for ax, key, label in ((axes[0], "construct_s", "first constructor, fresh process"),
+                           (axes[1], "refit_s", "eager refit")):
+        for k, commit in enumerate(commits):
+            xs = [i + (k - len(commits) / 2 + 0.5) * width for i in range(len(cases))]
+            got = [at.get((commit, *c)) for c in cases]
+            ax.bar(xs, [r[key] if r else 0.0 for r in got], width, label=commit, color=f"C{k}")
+            if key == "construct_s":
+                ax.bar(xs, [r["construct_compile_s"] if r else 0.0 for r in got], width,
+                       color="none", edgecolor="k", hatch="//",
+                       label="of which compiling" if k == 0 else None)
+        ax.set_xticks(range(len(cases)))
+        ax.set_xticklabels([f"{kernel}\nN = {n:,}" for kernel, n in cases], fontsize=8)
+        ax.set(ylabel="seconds", title=label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("RBFInterpolator, float64, residual 1e-6, uniform 3D points: "
+                 f"{rows[0]['device']}, jax {rows[0]['jax']}")
+    save(fig, docs, "rbf_first.png")
+    return True
+
+
 def rbf_user(data, docs):
     found = load(data, "rbf_user_gpu.json")
     if found is None:
@@ -566,8 +599,8 @@ def multi(data, docs):
     return True
 
 
-FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, rbf_user, crossover, orders,
-           adaptive, adaptive_jit, multi)
+FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, rbf_user, rbf_first, crossover,
+           orders, adaptive, adaptive_jit, multi)
 
 
 def main():
