@@ -175,6 +175,17 @@ class Laplace3D(Kernel):
         return inv, (_neg_cube(_cube_safe(inv)) if gradient else None)
 
 
+def _root(r2, gradient: bool):
+    """sqrt(r2) for `from_r2`: r2 rsqrt(r2) where the gradient needs the
+    rsqrt anyway or on accelerators (rsqrt is their cheap one); a CPU's
+    potential alone takes the square root by itself, since its float64
+    rsqrt is a square root and a division (2-core CPU, all pairs of 20,000
+    points, |r|: 1.5x faster)."""
+    if not gradient and jax.default_backend() == "cpu":
+        return jnp.sqrt(r2)
+    return r2 * jax.lax.rsqrt(r2)
+
+
 def _cube_safe(inv):
     """1/r kept where its cube is finite: -1/r^3 overflows below r = 1.8e-103
     in float64 (1.4e-13 in float32) while the gradient term (y - x)/r^3 =
@@ -224,8 +235,10 @@ class Multiquadric(Kernel):
     def from_r2(self, r2, gradient: bool):
         e2 = self.epsilon * self.epsilon
         t = 1 + e2 * r2
+        if not gradient:
+            return -_root(t, False), None
         inv = jax.lax.rsqrt(t)
-        return -t * inv, (-e2 * inv if gradient else None)
+        return -t * inv, -e2 * inv
 
 
 @_pytree_dataclass
@@ -277,8 +290,10 @@ class Linear(Kernel):
         return -r
 
     def from_r2(self, r2, gradient: bool):
+        if not gradient:
+            return -_root(r2, False), None
         inv = jax.lax.rsqrt(r2)
-        return -r2 * inv, (-inv if gradient else None)
+        return -r2 * inv, -inv
 
 
 @_pytree_dataclass
@@ -289,7 +304,7 @@ class Cubic(Kernel):
         return r ** 3
 
     def from_r2(self, r2, gradient: bool):
-        r = r2 * jax.lax.rsqrt(r2)
+        r = _root(r2, gradient)
         return r2 * r, (3 * r if gradient else None)
 
 
@@ -301,7 +316,7 @@ class Quintic(Kernel):
         return -r ** 5
 
     def from_r2(self, r2, gradient: bool):
-        r3 = r2 * r2 * jax.lax.rsqrt(r2)
+        r3 = r2 * _root(r2, gradient)
         return -r2 * r3, (-5 * r3 if gradient else None)
 
 
