@@ -51,6 +51,8 @@ def fgmres(matvec: Callable, b, precondition: Callable, *, tol: float, restart: 
     # starts a cycle; at j = k + 1 it is the cycle's Arnoldi step k, on
     # z = M v_k. A cycle ends at `restart` steps, at maxiter, or where the
     # Givens estimate reaches tol; the next step's true residual confirms it.
+    # Under vmap (several data columns) the conds become selects, and a
+    # restart's step preconditions too, its result unused.
     def begin(state, z, w):
         x, steps, j, V, Z, H, cs, sn, g, estimate, done = state
         r = b - w
