@@ -9,8 +9,10 @@ from jfmm.rbf import krylov
 
 
 def system(rng, n=60):
-    a = rng.normal(size=(n, n)) + 8 * np.eye(n)
-    return a, rng.normal(size=n), np.linalg.inv(a + 0.3 * rng.normal(size=(n, n)))
+    """A (n, n) with eigenvalues in the disc of radius about 1 around 3, b,
+    and the inverse of a perturbation of A (a preconditioner)."""
+    a = rng.normal(size=(n, n)) / np.sqrt(n) + 3 * np.eye(n)
+    return a, rng.normal(size=n), np.linalg.inv(a + 0.3 * rng.normal(size=(n, n)) / np.sqrt(n))
 
 
 @pytest.mark.parametrize("restart, maxiter, tol", [(30, 300, 1e-10), (3, 300, 1e-10),
