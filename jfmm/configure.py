@@ -786,21 +786,6 @@ def below_crossover(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float,
     """Whether the direct sum beats the FMM of `family` ("auto": the
     kernel's own) at these sizes (`DIRECT_PAIRS`)."""
     name = _tree_family(kernel, dim, family)[0].NAME
-    return _below(name, dim, dtype, n_src, n_tgt, eps)
-
-
-def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float, order, leaf_size,
-            family, tree="auto") -> bool:
-    """Whether "auto" (no order, leaf size or tree given) sums directly:
-    fewer source-target pairs than DIRECT_PAIRS for this backend, the
-    kernel's tree family, dim and dtype, scaled to eps."""
-    if (family not in (None, "auto") or order is not None or leaf_size is not None
-            or tree != "auto"):
-        return False
-    return below_crossover(kernel, dim, dtype, n_src, n_tgt, eps)
-
-
-def _below(name: str, dim: int, dtype, n_src: int, n_tgt: int, eps: float) -> bool:
     table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
     entry = table.get((name, dim, jnp.dtype(dtype).name))
     if entry is None:
@@ -812,6 +797,17 @@ def _below(name: str, dim: int, dtype, n_src: int, n_tgt: int, eps: float) -> bo
     except ValueError:                  # eps below the family's floor: it raises
         return False
     return n_src * n_tgt < pairs * scale
+
+
+def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float, order, leaf_size,
+            family, tree="auto") -> bool:
+    """Whether "auto" (no order, leaf size or tree given) sums directly:
+    fewer source-target pairs than DIRECT_PAIRS for this backend, the
+    kernel's tree family, dim and dtype, scaled to eps."""
+    if (family not in (None, "auto") or order is not None or leaf_size is not None
+            or tree != "auto"):
+        return False
+    return below_crossover(kernel, dim, dtype, n_src, n_tgt, eps)
 
 
 @functools.lru_cache(maxsize=64)
