@@ -217,7 +217,9 @@ def test_float32_gradients_on_deep_trees(rng):
     deep adaptive trees of clusters gave 2.6e-2 at eps 1e-4). They come
     within eps, on one level fewer where that suffices, or raise."""
     kern = K.InverseMultiquadric(1.0)
-    x, q = np.float32(points("cube", 4096, rng, 2)), np.float32(charges(4096, rng))
+    # Mixed-sign charges with a mean of 0.1: a draw of zero-mean ones whose
+    # sum happened to cancel raised the charges' float32 floor first.
+    x, q = np.float32(points("cube", 4096, rng, 2)), np.float32(charges(4096, rng) + 0.1)
     with pytest.raises(Unreachable, match="float32 gradients.*float64") as info:
         jfmm.fmm(x, q, kernel=kern, eps=1e-4, gradient=True, leaf_size=4)
     eps = 1.01 * info.value.reachable                      # the eps the error names
@@ -225,7 +227,7 @@ def test_float32_gradients_on_deep_trees(rng):
     ref, gref = radial_reference(kern, x, q)
     assert rel(phi, ref) <= eps and rel(grad, gref) <= eps, (eps, rel(phi, ref), rel(grad, gref))
     # Clusters: "auto" keeps the uniform tree; a forced adaptive one (16 levels) raises.
-    y, c = np.float32(points("cluster", 3000, rng, 2)), np.float32(charges(3000, rng))
+    y, c = np.float32(points("cluster", 3000, rng, 2)), np.float32(charges(3000, rng) + 0.1)
     with pytest.raises(Unreachable, match="float32 gradients"):
         jfmm.plan(y, kernel=kern, eps=1e-4, gradient=True, tree="adaptive")
     pl = jfmm.plan(y, kernel=kern, eps=1e-4, gradient=True)
