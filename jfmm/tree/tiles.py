@@ -69,9 +69,10 @@ def in_steps(run, start, n_points: int, tile: int, leaves: int | None):
     """run(leaf, t0, t1) (a pytree of sums over tiles, `leaf_tiles`) over
     every tile: at once, or, where `leaves` (static) bounds the leaves that
     hold points in most trees, in steps of the tiles that many leaves take,
-    as many as the tiles in use need (the first outside the loop). A tree
-    of many slots, most without points (bounded capacities), then runs
-    about the tiles its points fill, not the tiles its slots could."""
+    as many as the tiles in use need. A tree of many slots, most without
+    points (bounded capacities), then runs about the tiles its points fill,
+    not the tiles its slots could. `run` is traced once, inside the loop: a
+    GPU compiles each Pallas kernel a trace holds while lowering it."""
     nleaf = start.shape[0] - 2
     if leaves is None or leaves >= nleaf:
         return run(*leaf_tiles(start, n_points, tile))
@@ -81,4 +82,6 @@ def in_steps(run, start, n_points: int, tile: int, leaves: int | None):
     part = lambda first: run(*leaf_tiles(start, n_points, tile, first=first,  # noqa: E731
                                          count=step))
     add = lambda first, acc: jax.tree_util.tree_map(jnp.add, acc, part(first))  # noqa: E731
-    return until(used - step, total - step, step, lambda i, acc: add(i + step, acc), part(0))
+    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                   jax.eval_shape(part, 0))
+    return until(used, total, step, add, zeros)
