@@ -296,11 +296,14 @@ _UNMEASURED, _ANY = object(), object()
 
 def _charged(sources, targets, charges, kernel, mesh, eps, leaf_size, order, family, tree,
              measure=True):
-    """`configure.charged` for a call's charges, as given (None on a mesh,
-    or where the points are not yet jax arrays of floats); remembered for
-    the same jax arrays (immutable) and options, so that repeated calls do
-    not sum them again. measure=False: _UNMEASURED where it would sum them."""
-    if (mesh is not None or not isinstance(sources, jax.Array)
+    """`configure.charged` for a call's charges, as given (None on a mesh
+    of several processes, or where the points are not yet jax arrays of
+    floats); remembered for the same jax arrays (immutable) and options, so
+    that repeated calls do not sum them again. measure=False: _UNMEASURED
+    where it would sum them."""
+    if (not isinstance(sources, jax.Array)
+            or mesh is not None and not (_configure.concrete(sources)
+                                         and sources.is_fully_addressable)
             or not _configure.uses_charges(kernel, sources, targets, family, order, eps,
                                            leaf_size, tree)):
         return None
@@ -608,8 +611,8 @@ def plan(sources, targets=None, kernel=_kernels.Laplace3D(), eps=None, *, leaf_s
     charges that do (RBF weights with a polynomial tail) take the higher
     order they need. Applied to charges that cancel more than those, the
     sums are checked as in `fmm`: NaN under jit, `Unreachable` eagerly,
-    where the error estimate for them exceeds eps. On a mesh the charges
-    are not looked at."""
+    where the error estimate for them exceeds eps. On a mesh of several
+    processes the charges are not looked at."""
     return _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tree, mesh,
                  charges=charges)
 
