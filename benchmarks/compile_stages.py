@@ -169,7 +169,8 @@ def main():
     ap.add_argument("--passes", action="store_true", help="each pass compiled alone")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    jax.config.update("jax_enable_x64", True)
+    if args.dtype == "float64":           # float32 runs as users' do, without x64
+        jax.config.update("jax_enable_x64", True)
     if args.one:                                   # the child process: one JSON row
         row = pass_rows(args) if args.one == "passes" else [one_tree(args, args.one)]
         print("ROWS " + json.dumps(row), flush=True)
