@@ -599,8 +599,39 @@ def multi(data, docs):
     return True
 
 
+def compile_stages(data, docs):
+    found = load(data, "compile_stages_h100.json")
+    if found is None:
+        return False
+    env, rows = found
+    trees = [r for r in rows if "tree" in r and "pass" not in r]
+    steps = [r for r in rows if "pass" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+    ax = axes[0]
+    names = [r["tree"] for r in trees]
+    parts = (("trace_s", "trace", "C0"), ("pallas_s", "lower: Pallas kernels", "C1"),
+             ("lower_rest", "lower: the rest", "C2"), ("xla_s", "XLA", "C3"))
+    left = [0.0] * len(trees)
+    for key, label, color in parts:
+        width = [r["lower_s"] - (r["pallas_s"] or 0.0) if key == "lower_rest" else r[key] or 0.0
+                 for r in trees]
+        ax.barh(names, width, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, width)]
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds", title="jax.jit(fmm)'s first call by stage, tree=")
+    ax.legend(fontsize=8)
+    axes[1].barh([r["pass"] for r in steps], [r["compile_s"] for r in steps], color="C4")
+    axes[1].invert_yaxis()
+    axes[1].set(xlabel="seconds", title="each pass of the traced adaptive tree compiled alone")
+    n = trees[0]["n"]
+    fig.suptitle(f"Compilation, 3D Laplace, N = {n:,} float32 eps 1e-5, potential and gradient: "
+                 f"{where([env])}", fontsize=10)
+    save(fig, docs, "compile_stages.png")
+    return True
+
+
 FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, rbf_user, rbf_first, crossover,
-           orders, adaptive, adaptive_jit, multi)
+           orders, adaptive, adaptive_jit, multi, compile_stages)
 
 
 def main():
