@@ -543,7 +543,7 @@ def _apply(plan_, charges, gradient, mode):
 
 _apply_jits = backend.jits(_apply, ("gradient", "mode"))
 _build_jit = jax.jit(_tree.build, static_argnames=("depth",))
-_adaptive_jit = jax.jit(_adaptive.build, static_argnums=(2, 3))
+_adaptive_jit = _adaptive.build_jit
 
 
 # (shapes, dtype, leaf size) of the adaptive trees eager calls have sized

@@ -471,19 +471,6 @@ def _root_state(sources, targets):
                             jnp.ones(1, bool), root_coll[None], jnp.zeros((1, 3 ** d), bool))
 
 
-_step = jax.jit(_level_step, static_argnums=(2, 3))
-
-
-@functools.partial(jax.jit, static_argnums=(1,))
-def _trim(step, size_next: int):
-    """A `_level_step` result with its next level cut to size_next slots."""
-    split, first, valid, parent, coll, gap, box, made, asked = step
-    coll = coll[:size_next]
-    return (split, jnp.where(first < size_next, first, size_next), valid[:size_next],
-            parent[:size_next], jnp.where(coll >= size_next, size_next, coll),
-            gap[:size_next], jnp.where(box < size_next, box, -1), made, asked)
-
-
 @functools.partial(jax.jit, static_argnums=(1,))
 def _padded(level_state, size: int):
     """A level's (valid, colleagues, gap) with slots up to `size` (invalid
@@ -496,26 +483,29 @@ def _padded(level_state, size: int):
             jnp.concatenate([gap, jnp.zeros((size - cap, gap.shape[1]), bool)]))
 
 
-def _padded_step(state, l, leaf_size: int):
-    """`_level_step` of level l with its slots padded to a power of two, and
-    2^d child slots each (few sizes compile, shared by the sizing and every
-    build)."""
-    box, is_src, q, deepest, valid, coll, gap = state
-    cap = valid.shape[0]
-    size = 1 << (cap - 1).bit_length()
-    if size != cap:
-        valid, coll, gap = _padded((valid, coll, gap), size)
-    return _step((box, is_src, q, deepest, valid, coll, gap), l, leaf_size,
-                 2 ** q.shape[1] * size)
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _level_counts(state, leaf_size: int, size: int):
+    """The boxes each level below the root needs for these points
+    (MAX_LEVEL + 1,) int32, from every level's step with `size` slots in
+    one loop that stops at the first level without splits (one program for
+    any depth), and whether a level asked for more than `size` (its counts
+    and those after are then short)."""
+    box, is_src, q, deepest = state[:4]
 
+    def more(carry):
+        l, _, made, short = carry
+        return (l <= MAX_LEVEL) & ((l == 0) | (made[jnp.maximum(l - 1, 0)] > 0)) & ~short
 
-def _step_at(state, l, leaf_size: int, cap_next: int, step=None):
-    """`_padded_step` (or its result `step`) with the next level cut to
-    cap_next slots and this level's results to its own."""
-    cap = state[4].shape[0]
-    step = _padded_step(state, l, leaf_size) if step is None else step
-    split, first, nvalid, nparent, ncoll, ngap, nbox, made, asked = _trim(step, cap_next)
-    return split[:cap], first[:cap], nvalid, nparent, ncoll, ngap, nbox, made, asked
+    def one(carry):
+        l, (box, valid, coll, gap), made, short = carry
+        _, _, nvalid, _, ncoll, ngap, nbox, n_made, asked = _level_step(
+            (box, is_src, q, deepest, valid, coll, gap), l, leaf_size, size)
+        return l + 1, (nbox, nvalid, ncoll, ngap), made.at[l].set(n_made), short | (asked > size)
+
+    init = (jnp.zeros((), jnp.int32), (box,) + _padded(state[4:], size),
+            jnp.zeros(MAX_LEVEL + 1, jnp.int32), jnp.zeros((), bool))
+    _, _, made, short = jax.lax.while_loop(more, one, init)
+    return made, short
 
 
 def room(count: int, multiple: int = 1) -> int:
@@ -534,19 +524,23 @@ def room(count: int, multiple: int = 1) -> int:
 
 def _level_capacities(sources, targets, leaf_size: int) -> tuple:
     """Slots per level for these (concrete) points (`room` of the boxes
-    each level needs)."""
+    each level needs): `_level_counts` with a power of two of slots per
+    level that holds 2^d children for every full leaf, quadrupled where the
+    splits that balance the tree ask for more."""
     _, _, _, state = _root_state(sources, targets)
     ways = 2 ** sources.shape[1]
-    caps, l = [1], 0
+    size = 1 << (ways * -(-state[2].shape[0] // leaf_size) - 1).bit_length()
     while True:
-        step = _padded_step(state, l, leaf_size)
-        made = int(step[-1])
-        if made == 0:
+        made, short = jax.device_get(_level_counts(state, leaf_size, size))
+        if not short:
+            break
+        size *= 4
+    caps = [1]
+    for count in made:
+        if count == 0:
             return tuple(caps)
-        caps.append(min(room(made, ways), ways * caps[-1]))     # no more than can be made
-        _, _, valid, _, coll, gap, box, _, _ = _step_at(state, l, leaf_size, caps[-1], step)
-        state = (box, state[1], state[2], state[3], valid, coll, gap)
-        l += 1
+        caps.append(min(room(int(count), ways), ways * caps[-1]))   # no more than can be made
+    return tuple(caps)
 
 
 def bounded_capacities(n_points: int, dim: int, leaf_size: int, dtype,
@@ -583,21 +577,20 @@ def bounded_capacities(n_points: int, dim: int, leaf_size: int, dtype,
 
 
 def capacities(sources, targets, leaf_size: int) -> Capacities:
-    """The capacities of these (concrete) points' tree (host-side sizing,
-    one compiled level step per level size; `build` then runs on device)."""
+    """The capacities of these (concrete) points' tree (`plan_tree`)."""
     return plan_tree(sources, targets, leaf_size).caps
 
 
 def plan_tree(sources, targets, leaf_size: int) -> AdaptiveTree:
     """The tree of these (concrete) points with capacities sized from them:
-    the levels' sizes from their steps on the host, then the tree built
-    outside jit (its level steps compiled once, for the sizing and the
-    build alike), then the work lists sized and made. What `jfmm.plan`
-    calls; `build` under jit rebuilds with the same capacities."""
+    the levels' sizes (`_level_capacities`, one program), then the tree
+    built (one program per capacities), then the work lists sized and made.
+    What `jfmm.plan` calls; `build` under jit rebuilds with the same
+    capacities."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
     levels = _level_capacities(sources, targets, leaf_size)
-    tree = build(sources, targets, leaf_size, Capacities(levels))
+    tree = build_jit(sources, targets, leaf_size, Capacities(levels))
     w, x, tgt, src = jax.device_get(_work_counts(tree))
     blocks = lambda counts: tuple(room(int(c)) if c else 0 for c in counts)   # noqa: E731
     return work_lists(tree, Capacities(levels, room(int(w)), room(int(x)), blocks(tgt),
@@ -616,51 +609,49 @@ def build(sources, targets, leaf_size: int, caps: Capacities) -> AdaptiveTree:
     lo, side, perm, state = _root_state(*jax.lax.stop_gradient((sources, targets)))
     offsets = tuple(int(v) for v in np.concatenate([[0], np.cumsum(caps.levels)]))
     total = offsets[-1]
-    steps = []
     leaf_of = jnp.full(state[2].shape[0], total, jnp.int32)
-    overflow = jnp.zeros((), bool)
-    if caps.bounded:                    # room by the most crowded first: never overflows
-        steps, leaf_of = _bounded_levels(state, leaf_size, caps.levels, leaf_of)
-    for l, cap in enumerate(() if caps.bounded else caps.levels):
-        cap_next = caps.levels[l + 1] if l + 1 < len(caps.levels) else 0
-        step = _step_at(state, l, leaf_size, cap_next)      # the compiled steps the sizing ran
-        overflow = overflow | (step[-1] > cap_next)
-        split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = step
-        leaf_of = _settle(leaf_of, state[0], split, offsets[l])
-        steps.append((state[4], state[5], split, first, nparent))
-        state = (nbox, state[1], state[2], state[3], nvalid, ncoll, ngap)
+    steps, leaf_of, overflow = _levels(state, leaf_size, caps.levels, leaf_of, caps.bounded)
     leaf_of = jnp.zeros_like(leaf_of).at[perm].set(leaf_of, unique_indices=True)   # input order
     tree = _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size, caps.levels)
     return tree if caps.w is None else work_lists(tree, caps)
 
 
-def _bounded_levels(state, leaf_size: int, levels: tuple, leaf_of):
-    """`build`'s level steps under bounded capacities: every level in one
-    `lax.scan` with the slots of the largest (a deep tree compiles one step,
-    not one per level; a step costs what its points cost, not its slots),
-    each level's results then cut to its own slots. With levels[l + 1] <=
-    2^d levels[l] the cut loses nothing: a level makes at most 2^d children
-    per box. Returns the steps and leaf_of."""
+build_jit = jax.jit(build, static_argnums=(2, 3))
+
+
+def _levels(state, leaf_size: int, levels: tuple, leaf_of, bounded: bool):
+    """`build`'s level steps: every level in one `lax.scan` with the slots
+    of the largest (a deep tree compiles one step, not one per level; a
+    step costs what its points cost, not its slots), each level's results
+    then cut to its own slots. With levels[l + 1] <= 2^d levels[l] the cut
+    loses nothing a level's slots hold: a level makes at most 2^d children
+    per box. Bounded capacities split the most crowded boxes first where a
+    level runs out of room, and their last level does not split (leaves
+    grow instead: never an overflow); others overflow where a level asks
+    for more boxes than the next holds. Returns the steps, leaf_of and
+    overflow."""
     size, n_levels = max(levels), len(levels)
     offsets = jnp.asarray(np.cumsum((0,) + tuple(levels[:-1])), jnp.int32)
+    nexts = tuple(levels[1:]) + (0,)
+    held = jnp.asarray(nexts, jnp.int32)
     box, is_src, q, deepest = state[:4]
-    fixed = (is_src, q, jnp.minimum(deepest, n_levels - 1))    # the last level does not split
+    fixed = (is_src, q, jnp.minimum(deepest, n_levels - 1) if bounded else deepest)
 
     def one(carry, level):
         (box, valid, coll, gap), leaf_of = carry
-        split, first, nvalid, nparent, ncoll, ngap, nbox, _, _ = _level_step(
+        split, first, nvalid, nparent, ncoll, ngap, nbox, _, asked = _level_step(
             (box,) + fixed + (valid, coll, gap), level, leaf_size, size)
         leaf_of = _settle(leaf_of, box, split, offsets[level])
-        return ((nbox, nvalid, ncoll, ngap), leaf_of), (valid, coll, split, first, nparent)
+        return ((nbox, nvalid, ncoll, ngap), leaf_of), (valid, coll, split, first, nparent,
+                                                        asked > held[level])
 
     carry = ((box,) + _padded(state[4:], size), leaf_of)
     (_, leaf_of), ys = jax.lax.scan(one, carry, jnp.arange(n_levels, dtype=jnp.int32))
     # local indices past a level's slots are its sentinels (`_assemble` compares)
-    valid, coll, split, first, parent = ys
-    nexts = tuple(levels[1:]) + (0,)
+    valid, coll, split, first, parent, short = ys
     steps = [(valid[l, :cap], coll[l, :cap], split[l, :cap], first[l, :cap], parent[l, :nxt])
              for l, (cap, nxt) in enumerate(zip(levels, nexts))]
-    return steps, leaf_of
+    return steps, leaf_of, jnp.zeros((), bool) if bounded else jnp.any(short)
 
 
 @jax.jit
