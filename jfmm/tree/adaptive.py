@@ -471,6 +471,9 @@ def _root_state(sources, targets):
                             jnp.ones(1, bool), root_coll[None], jnp.zeros((1, 3 ** d), bool))
 
 
+_step = jax.jit(_level_step, static_argnums=(2, 3))     # one program a level outside jit
+
+
 @functools.partial(jax.jit, static_argnums=(1,))
 def _padded(level_state, size: int):
     """A level's (valid, colleagues, gap) with slots up to `size` (invalid
@@ -585,9 +588,8 @@ def plan_tree(sources, targets, leaf_size: int) -> AdaptiveTree:
     """The tree of these (concrete) points with capacities sized from them:
     the levels' sizes (`_level_capacities`, one program), then the tree
     built (its levels in one loop: one step to compile), then the work
-    lists sized and made.
-    What `jfmm.plan` calls; `build` under jit rebuilds with the same
-    capacities."""
+    lists sized and made. What `jfmm.plan` calls; `build` under jit
+    rebuilds with the same capacities."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
     levels = _level_capacities(sources, targets, leaf_size)
@@ -641,7 +643,7 @@ def _levels(state, leaf_size: int, levels: tuple, leaf_of, bounded: bool, scan: 
     if not (bounded or scan):
         steps, overflow = [], jnp.zeros((), bool)
         for l, cap_next in enumerate(nexts):
-            split, first, nvalid, nparent, ncoll, ngap, nbox, _, asked = _level_step(
+            split, first, nvalid, nparent, ncoll, ngap, nbox, _, asked = _step(
                 state, l, leaf_size, cap_next)
             overflow = overflow | (asked > cap_next)
             leaf_of = _settle(leaf_of, state[0], split, offsets[l])

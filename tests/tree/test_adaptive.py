@@ -217,6 +217,7 @@ def test_overflow_is_set_when_capacities_are_short(rng):
     levels[widest] = made - 4                        # one block short
     short = caps._replace(levels=tuple(levels))
     assert bool(adaptive.build(x, None, 8, short).overflow)
+    assert bool(adaptive.build_jit(x, None, 8, short, True).overflow)     # levels in one loop
     assert bool(adaptive.build(x, None, 8, caps._replace(levels=caps.levels[:-1])).overflow)
     assert bool(adaptive.build(x, None, 8, caps._replace(w=1)).overflow)
     busy = list(caps.tgt_blocks)
@@ -257,3 +258,26 @@ def test_first_true_is_nonzero_with_a_size(n, cap, share, rng):
     hits = np.flatnonzero(mask)[:cap]
     want[:len(hits)] = hits
     assert np.array_equal(np.asarray(out), want) and int(count) == mask.sum()
+
+
+def test_level_counts_grow_their_room_until_nothing_is_short(rng):
+    """The sizing loop's slots: too few report short; the capacities come
+    from counts with room for every level (each level's boxes fit), and a
+    build a level at a time gives the plan's tree, built in one loop."""
+    x = clustered(1500, rng, 2)
+    state = adaptive._root_state(x, None)[3]
+    made, short = adaptive._level_counts(state, 8, 8)
+    assert bool(short)
+    wide, short = adaptive._level_counts(state, 8, 1 << 16)
+    assert not bool(short)
+    tree = adaptive.plan_tree(x, None, 8)
+    levels = tree.caps.levels
+    assert len(levels) == int(np.sum(np.asarray(wide) > 0)) + 1
+    for level, count in enumerate(np.asarray(wide)[:len(levels) - 1]):
+        assert count <= levels[level + 1] <= adaptive.room(int(count), 4)
+        assert count == int(np.asarray(tree.valid)[tree.offsets[level + 1]:
+                                                   tree.offsets[level + 2]].sum())
+    stepped = adaptive.build(x, None, 8, tree.caps._replace(w=None))   # the plan's was scanned
+    for name in ("level", "parent", "first_child", "leaf", "valid", "colleagues", "center",
+                 "src_perm", "src_start", "near", "overflow"):
+        np.testing.assert_array_equal(getattr(stepped, name), getattr(tree, name), err_msg=name)
