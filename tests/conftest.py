@@ -34,6 +34,7 @@ jax.config.update("jax_compilation_cache_dir",
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 DISTRIBUTIONS = ("cube", "sphere", "cluster")
+RESIDENT_GB = 1.5
 try:
     _LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
     _LIBC.malloc_trim
@@ -73,12 +74,9 @@ def backend_optimisations(request):
         jax.config.update("jax_disable_most_optimizations", before)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def fresh_caches():
-    """Drop each module's compiled programs, remembered plans and cached
-    operators when it ends: a worker that keeps them all grows by
-    gigabytes."""
-    yield
+def _drop_caches():
+    """Drop compiled programs, remembered plans and cached operators, and
+    hand the freed heap back (glibc keeps it)."""
     jax.clear_caches()
     from jfmm import api, configure
     api._PLANS.clear()
@@ -89,8 +87,35 @@ def fresh_caches():
                 if isinstance(value, functools._lru_cache_wrapper):
                     value.cache_clear()
     gc.collect()
-    if _LIBC is not None:           # hand the freed heap back: glibc keeps it
+    if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+def _resident_gb() -> float:
+    """This process's resident memory in GB (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except OSError:
+        return 0.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fresh_caches():
+    """Drop each module's caches when it ends: a worker that keeps them all
+    grows by gigabytes."""
+    yield
+    _drop_caches()
+
+
+@pytest.fixture(autouse=True)
+def bounded_memory():
+    """Drop the caches after any test that leaves the worker above
+    RESIDENT_GB, so that two workers stay under 6 GB together; later tests
+    of the module reload their programs from the disk cache."""
+    yield
+    if _resident_gb() > RESIDENT_GB:
+        _drop_caches()
 
 
 def points(kind: str, n: int, rng, dim: int = 3) -> np.ndarray:
