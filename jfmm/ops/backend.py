@@ -231,25 +231,9 @@ def far_m2p(family, kernel, tree, mult, p: int, gradient: bool, mode: str):
         return far.m2p(family, kernel, tree, mult, p, gradient)
     t0, t1, boxes = far.entries(tree, tree.w_tile, tree.w_pos, tree.tgt_start,
                                 tree.tgt_sorted.shape[0])
-    mult, center, side, boxes = read_boxes(mult, tree.center, tree.box_side(tree.level), boxes)
     return pallas_far.m2p(tree.tgt_sorted, laplace3d.m2p_coefficients(mult, p, gradient),
-                          center, side, (t0, t1), boxes, gradient,
+                          tree.center, tree.box_side(tree.level), (t0, t1), boxes, gradient,
                           interpret=mode == "interpret")
-
-
-def read_boxes(mult, center, side, boxes):
-    """The multipoles (B, K, P), centres (B, d) and sides (B,) that work-list
-    entries reading `boxes` (E, C) (B where none) need, and their boxes in
-    them: where E C < B the rows of those boxes alone, in entry order (the
-    M2P then converts E C multipoles into coefficient sets, not every slot
-    of a bounded tree), else all of them."""
-    n_b = mult.shape[0]
-    if boxes.size >= n_b:
-        return mult, center, side, boxes
-    used = boxes.reshape(-1)
-    take = lambda a: jnp.take(a, used, axis=0, mode="fill", fill_value=0)  # noqa: E731
-    local = jnp.arange(boxes.size, dtype=boxes.dtype).reshape(boxes.shape)
-    return take(mult), take(center), take(side), jnp.where(boxes < n_b, local, boxes.size)
 
 
 def far_p2l(family, kernel, tree, q_sorted, p: int, size_like, mode: str):

@@ -15,7 +15,6 @@ def test_far_kernels_match_jnp(rng):
     dtype, tol = np.float32, 2e-6
     x, y = scales(120, rng, 3, 3).astype(dtype), points("sphere", 60, rng, 3).astype(dtype)
     tree = adaptive.plan_tree(jnp.asarray(x), jnp.asarray(y), 8)
-    assert 7 * tree.w_tile.shape[0] < tree.n_boxes          # `backend.read_boxes` gathers
     p = 6
     mult = jnp.asarray(rng.normal(size=(tree.n_boxes, 2, p * p)).astype(dtype))
     qs = jnp.asarray(charges(120, rng, 2).astype(dtype))
@@ -40,20 +39,3 @@ def test_far_kernels_lower_to_triton():
     assert "fma.rn.f32" in m2p.trace(tree, mult).lower(lowering_platforms=("cuda",)).as_text()
     p2l = jax.jit(lambda t, c: backend.far_p2l(laplace3d, None, t, c, p, mult, "pallas"))
     p2l.trace(tree, q).lower(lowering_platforms=("cuda",))
-
-
-def test_m2p_reads_the_same_boxes_gathered_or_not(rng):
-    """`backend.read_boxes`: where entries read fewer boxes than there are
-    slots, each entry's rows are those of its boxes; else all slots."""
-    b, e = 50, 4
-    mult = jnp.asarray(rng.normal(size=(b, 2, 9)))
-    center, side = jnp.asarray(rng.normal(size=(b, 3))), jnp.asarray(rng.random(b) + 1)
-    boxes = jnp.asarray(rng.integers(0, b + 1, (e, 7)), jnp.int32)    # b: none
-    m, c, s, local = backend.read_boxes(mult, center, side, boxes)
-    assert m.shape[0] == e * 7 and int(jnp.max(local)) <= e * 7
-    real = np.asarray(boxes) < b
-    assert np.array_equal(np.asarray(local) < e * 7, real)
-    for got, full in [(m, mult), (c, center), (s, side)]:
-        assert np.array_equal(np.asarray(got)[np.asarray(local)[real]],
-                              np.asarray(full)[np.asarray(boxes)[real]])
-    assert backend.read_boxes(mult, center, side, boxes[:, :1].repeat(13, 0))[0] is mult
