@@ -28,9 +28,9 @@ from common import (Table, first_time, floats, make_points, median_time, parser,
                     rel, sample)
 
 import jfmm
-from jfmm import configure, passes
+from jfmm import api, configure, passes
 from jfmm.ops import backend
-from jfmm.tree import crowding
+from jfmm.tree import adaptive, crowding
 
 COLUMNS = [
     ("points", "points", ""), ("n", "N", ","), ("dtype", "dtype", ""), ("eps", "eps", "g"),
@@ -50,8 +50,10 @@ def pass_times(pl, q, repeats):
     t, fam, ops, p, kern = pl.tree, pl.config.family, pl.ops, pl.order, pl.kernel
     mode = backend.current()
     qs = jnp.asarray(q)[t.src_perm][:, None]
+    busy = adaptive.busy_leaves(t, t.tgt_sorted.shape[0])        # as `adaptive_evaluate`
     near = jax.jit(lambda t, c: backend.near_field(kern, t.tgt_sorted, t.tgt_start, t.src_sorted,
-                                                   c, t.src_start, t.near, True, mode))
+                                                   c, t.src_start, t.near, True, mode,
+                                                   leaves=busy, stacked=True))
     up = jax.jit(lambda t, c, o: passes.adaptive_upward(t, c, fam, o, p, t.box_side(t.level),
                                                         mode))
     mult = up(t, qs, ops)
@@ -65,7 +67,7 @@ def pass_times(pl, q, repeats):
         leaf = t.tgt_leaf
         u = (t.tgt_sorted - t.center[leaf]) / side[leaf][:, None]
         coef = fam.l2p_coefficients(lc, p, True)
-        return backend.l2p(fam, u, coef, t.tgt_start, leaf, side, p, True, mode)
+        return backend.l2p(fam, u, coef, t.tgt_start, leaf, side, p, True, mode, busy)
 
     w_list = jax.jit(lambda t, m: passes._far_list(
         t, "w", t.tgt_sorted.shape[0], lambda s: backend.far_m2p(fam, kern, s, m, p, True, mode)))
@@ -137,6 +139,9 @@ def main():
     ap.add_argument("--uniform-max", type=int, default=20, help="log2 N: largest uniform run "
                     "on non-uniform points")
     ap.add_argument("--passes", action="store_true", help="time the adaptive passes one by one")
+    ap.add_argument("--bounded", action="store_true",
+                    help="with --passes, also on the tree of bounded capacities that the "
+                    "same points get when traced (inside jit)")
     ap.add_argument("--adaptive-leaf", type=int, default=None,
                     help="leaf capacity over the uniform tree's mean occupancy "
                          "(configure.ADAPTIVE_LEAF)")
@@ -191,6 +196,16 @@ def main():
                         row["w"], row["x"] = pl.tree.caps.w, pl.tree.caps.x
                         if args.passes:
                             row.update(pass_times(pl, q, args.repeats))
+                        if args.passes and args.bounded:
+                            # the same points on the tree jit gives traced points
+                            bounded = api._new_plan(x, None, pl.kernel, pl.config, bounded=True)
+                            row.update({"bounded_" + key: v for key, v in
+                                        pass_times(bounded, q, args.repeats).items()})
+                            tree_of = jax.jit(lambda a: api._adaptive_tree(a, None,
+                                                                           pl.config.leaf))
+                            row["bounded_build_ms"] = 1e3 * median_time(tree_of, x,
+                                                                        repeats=args.repeats)
+                            row["bounded_boxes"] = bounded.tree.n_boxes
                     table.add(row)
                     table.save(args.out)  # after every row: a run cut short keeps its rows
 
