@@ -34,7 +34,7 @@ jax.config.update("jax_compilation_cache_dir",
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 DISTRIBUTIONS = ("cube", "sphere", "cluster")
-RESIDENT_GB = 1.5
+RESIDENT_GB = 2.0
 try:
     _LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
     _LIBC.malloc_trim
