@@ -737,28 +737,36 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
 
 
 # Source-target pairs below which the direct sum (all pairs of a one-box
-# tree) beats the FMM, per backend and (family, dim, dtype), and the eps
-# they were measured at: the crossover of repeated eager calls measured by
-# benchmarks/bench_crossover.py (docs/BENCHMARKS.md). Combinations not
-# measured keep the FMM. At another eps the pairs scale with the cube of
-# the order (the FMM's time per point grows about like p^1.5 near the
-# crossover: 3D Laplace float64 on the H100 crossed at ~48k points at
-# p = 14 and ~200k at p = 36).
+# tree) beats the FMM, per backend and (family, dim, dtype), the eps they
+# were measured at and the order the FMM took there: the crossover of
+# repeated eager calls measured by benchmarks/bench_crossover.py
+# (docs/BENCHMARKS.md). Combinations not measured keep the FMM. At another
+# order the pairs scale with its power `PAIRS_POWER`; where the order is
+# not known yet, with that of the order the eps alone gives (`_order_proxy`).
 DIRECT_PAIRS = {
-    "cpu": {("laplace3d", 3, "float32"): (2 ** 26, 1e-5),
-            ("laplace3d", 3, "float64"): (2 ** 27, 1e-6),
-            ("chebyshev", 3, "float32"): (2 ** 27, 1e-4),
-            ("chebyshev", 3, "float64"): (2 ** 28, 1e-6),
-            ("laplace2d", 2, "float64"): (2 ** 22, 1e-6)},
-    "gpu": {("laplace3d", 3, "float32"): (2 ** 31.5, 1e-5),
-            ("laplace3d", 3, "float64"): (2 ** 31, 1e-6),
-            ("chebyshev", 3, "float32"): (2 ** 33, 1e-4),
-            ("chebyshev", 3, "float64"): (2 ** 33, 1e-6),
-            ("laplace2d", 2, "float32"): (2 ** 30, 1e-5),
-            ("laplace2d", 2, "float64"): (2 ** 28.5, 1e-6),
-            ("chebyshev", 2, "float32"): (2 ** 32, 1e-4),
-            ("chebyshev", 2, "float64"): (2 ** 30.5, 1e-6)},
+    "cpu": {("laplace3d", 3, "float32"): (2 ** 26, 1e-5, 10),
+            ("laplace3d", 3, "float64"): (2 ** 27, 1e-6, 13),
+            ("chebyshev", 3, "float32"): (2 ** 27, 1e-4, 6),
+            ("chebyshev", 3, "float64"): (2 ** 28, 1e-6, 8),
+            ("laplace2d", 2, "float64"): (2 ** 22, 1e-6, 11)},
+    "gpu": {("laplace3d", 3, "float32"): (2 ** 31.5, 1e-5, 10),
+            ("laplace3d", 3, "float64"): (2 ** 31, 1e-6, 13),
+            ("chebyshev", 3, "float32"): (2 ** 33, 1e-4, 6),
+            ("chebyshev", 3, "float64"): (2 ** 33, 1e-6, 8),
+            ("laplace2d", 2, "float32"): (2 ** 30, 1e-5, 9),
+            ("laplace2d", 2, "float64"): (2 ** 28.5, 1e-6, 11),
+            ("chebyshev", 2, "float32"): (2 ** 32, 1e-4, 6),
+            ("chebyshev", 2, "float64"): (2 ** 30.5, 1e-6, 8)},
 }
+
+# The crossover's pairs grow like order^k: the crossover's N grows like the
+# FMM's time per point. 3D Laplace: p^1.5, pairs p^3 (float64 on the H100
+# crossed at ~48k points at p = 14 and ~200k at p = 36); 2D Laplace taken
+# alike. Chebyshev: n^d per point (its n^d coefficients per box), pairs
+# n^2d (2-core CPU, 3D, linear, float64, warm plans: about 2^29.8, 2^31.4
+# and 2^32.1 pairs at n = 8, 10 and 11).
+PAIRS_POWER = {"laplace3d": lambda dim: 3, "laplace2d": lambda dim: 3,
+               "chebyshev": lambda dim: 2 * dim}
 
 
 def _order_proxy(name: str, dim: int, eps: float, dtype) -> int:
@@ -782,21 +790,25 @@ _FLOORS = {"laplace3d": laplace3d_model.EPS_FLOOR, "laplace2d": laplace2d_model.
 
 
 def below_crossover(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float,
-                    family: str = "auto") -> bool:
+                    family: str = "auto", order: int | None = None) -> bool:
     """Whether the direct sum beats the FMM of `family` ("auto": the
-    kernel's own) at these sizes (`DIRECT_PAIRS`)."""
+    kernel's own) at these sizes (`DIRECT_PAIRS`); order: the FMM's, where
+    known (else the order eps alone gives stands for it)."""
     name = _tree_family(kernel, dim, family)[0].NAME
     table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
     entry = table.get((name, dim, jnp.dtype(dtype).name))
     if entry is None:
         return False
-    pairs, measured_eps = entry
+    pairs, measured_eps, measured_order = entry
     try:
-        scale = (_order_proxy(name, dim, eps, dtype)
-                 / _order_proxy(name, dim, measured_eps, dtype)) ** 3
+        if order is None:
+            order, measured_order = (_order_proxy(name, dim, e, dtype)
+                                     for e in (eps, measured_eps))
+        elif eps < _FLOORS[name][jnp.dtype(dtype).name]:
+            return False
     except ValueError:                  # eps below the family's floor: it raises
         return False
-    return n_src * n_tgt < pairs * scale
+    return n_src * n_tgt < pairs * (order / measured_order) ** PAIRS_POWER[name](dim)
 
 
 def _direct(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float, order, leaf_size,

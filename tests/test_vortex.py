@@ -133,7 +133,7 @@ def test_second_derivatives_take_the_fmm_above_their_crossover(rng, monkeypatch)
     n, eps, core = 800, 1e-5, 0.02
     x, a = rng.random((n, 3)), rng.standard_normal((n, 3)) / n
     monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {("laplace3d", 3, "float64"):
-                                                            (2 ** 40, 1e-6)}})
+                                                            (2 ** 40, 1e-6, 13)}})
     monkeypatch.setattr(vortex, "_SECOND_PAIRS", n * n)
     kernel = vortex.stream_kernel("polynomial", core)
     assert vortex._second_leaf(None, kernel, eps, jnp.asarray(x), None) == vortex._SECOND_LEAF

@@ -631,7 +631,7 @@ class RBFInterpolator:
         k = kernel_for(st.kernel, self.epsilon)
         padded = _padded(lifted)
         if system.direct(k, padded.shape[1], padded.dtype, self._sites.shape[0],
-                         padded.shape[0], st.fmm_eps):
+                         padded.shape[0], st.fmm_eps, st.order):
             out = api.direct(self._sites, self._coeffs, padded, kernel=k)[:m]
         else:
             out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,

@@ -204,6 +204,33 @@ def test_solver_sums_follow_the_crossover(rng, monkeypatch):
     assert system.pair_sum(pts, pts, k, 1e-7).plan is not None
 
 
+@pytest.mark.crossover
+def test_solver_sums_weigh_the_order_the_plan_takes(rng, monkeypatch):
+    """The crossover scales with the order the plan would take, not the
+    one eps alone gives: with a crossover measured at order 6 just below
+    these pairs, the order eps 1e-9 takes on these points (higher) makes
+    the direct sum cheaper, exactly (a numpy sum), and order 6 does not."""
+    from jfmm import configure
+
+    n, eps = 3000, 1e-9
+    y = sites("cluster", n, rng, 3)
+    k = kernel_for("linear", 1.0)
+    monkeypatch.setattr(system, "DIRECT_PAIRS", 0)
+    monkeypatch.setattr(configure, "DIRECT_PAIRS",
+                        {"cpu": {("chebyshev", 3, "float64"): (n * n / 2, 1e-6, 6)}})
+    assert not system.direct(k, 3, np.float64, n, n, eps)          # by eps alone
+    assert not system.direct(k, 3, np.float64, n, n, eps, order=6)
+    pts = jnp.asarray(y)
+    order = configure.resolve_eager(pts, None, k, eps, None, None, "chebyshev",
+                                    gradient=False).order
+    assert order > 6 and system.direct(k, 3, np.float64, n, n, eps, order=order)
+    summed = system.pair_sum(pts, pts, k, eps)
+    assert summed.plan is None
+    q = rng.random(n) - 0.5
+    r = np.sqrt(np.sum((y[:, None, :] - y[None, :, :]) ** 2, axis=-1))
+    assert rel(summed(jnp.asarray(q)), -r @ q) < 1e-13
+
+
 def test_krylov_with_fmm_sums(rng):
     """Above 2^24 pairs every sum is an FMM plan: agreement to the tol asked
     for (1e-6 residual with FMM eps 1e-7)."""
