@@ -174,7 +174,7 @@ def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f):
     tile, pos = getattr(tree, name + "_tile"), getattr(tree, name + "_pos")
     sentinel = tiles.tile_count(n_points, tree.n_boxes, adaptive.FAR_TILE)   # `far_tiles`
     count = jnp.sum(tile < sentinel, dtype=jnp.int32)
-    chunk = adaptive.FAR_CHUNK
+    chunk = adaptive.far_chunk(tile.shape[0])
 
     def part(start):
         cut = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk)   # noqa: E731
@@ -237,7 +237,7 @@ def _busy_only(run, rows, busy, sentinel: int):
     alone, zeros elsewhere: the busy rows gathered to the front and run in
     chunks up to their count (`tiles.until`)."""
     t = rows.shape[0]
-    chunk = adaptive.FAR_CHUNK
+    chunk = adaptive.far_chunk(t)
     size = -(-t // chunk) * chunk
     order, count = adaptive.first_true(busy, size)           # t where none
     packed = jnp.take(rows, order, axis=0, mode="fill", fill_value=sentinel)

@@ -112,8 +112,10 @@ BOUNDED_LEVELS = 9
 # leaves: 56 splits at a level).
 BOUNDED_CLUSTERS = 8
 # Entries of the W and X work lists, M2L blocks, per step of a loop that
-# stops at their count (bounded capacities hold every case, most unused).
+# stops at their count (bounded capacities hold every case, most unused);
+# fewer where the capacity is under 8 chunks (`far_chunk`).
 FAR_CHUNK = 1024
+MIN_FAR_CHUNK = 64
 # Leaves that hold points per leaf of points (n / leaf_size): the tiles of a
 # bounded tree's near field, P2M and L2P run in steps of what this many
 # leaves take (`tiles.in_steps`). At 2^20 the cube, Plummer and five
@@ -577,6 +579,19 @@ def bounded_capacities(n_points: int, dim: int, leaf_size: int, dtype,
     w = pairs(n_targets or n_src)
     return Capacities(tuple(levels), w, w if n_targets is None else pairs(n_src), blocks,
                       blocks, bounded=True)
+
+
+def far_chunk(capacity: int) -> int:
+    """Entries per step of a loop over `capacity` (static) work-list
+    entries or M2L blocks: FAR_CHUNK, or a power of two near an eighth of
+    a smaller capacity (at least MIN_FAR_CHUNK), so that a small tree's
+    loop runs about the entries in use, not a whole FAR_CHUNK of them
+    (2-core CPU, 300 points on a line, float32 gradients: 4.9 -> 0.6 s).
+    It divides every capacity `bounded_capacities` makes."""
+    chunk = MIN_FAR_CHUNK
+    while chunk < FAR_CHUNK and 8 * chunk < capacity:
+        chunk *= 2
+    return chunk
 
 
 def capacities(sources, targets, leaf_size: int) -> Capacities:
