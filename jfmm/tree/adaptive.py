@@ -586,7 +586,7 @@ def far_chunk(capacity: int) -> int:
     entries or M2L blocks: FAR_CHUNK, or a power of two near an eighth of
     a smaller capacity (at least MIN_FAR_CHUNK), so that a small tree's
     loop runs about the entries in use, not a whole FAR_CHUNK of them
-    (2-core CPU, 300 points on a line, float32 gradients: 4.9 -> 0.6 s).
+    (2-core CPU, 300 points on a line, float32 gradients: 4.9 -> 0.7 s).
     It divides every capacity `bounded_capacities` makes."""
     chunk = MIN_FAR_CHUNK
     while chunk < FAR_CHUNK and 8 * chunk < capacity:

@@ -281,3 +281,19 @@ def test_level_counts_grow_their_room_until_nothing_is_short(rng):
     for name in ("level", "parent", "first_child", "leaf", "valid", "colleagues", "center",
                  "src_perm", "src_start", "near", "overflow"):
         np.testing.assert_array_equal(getattr(stepped, name), getattr(tree, name), err_msg=name)
+
+
+def test_far_chunks_divide_the_bounded_capacities():
+    """The loops over W and X entries and M2L blocks step by a chunk that
+    divides every capacity `bounded_capacities` makes: FAR_CHUNK on large
+    trees, about an eighth of a small one's (a multiple chunk loop runs in
+    test_adaptive_fmm's traced trees against the numpy sum)."""
+    for n, dim, leaf in ((300, 3, 8), (1000, 3, 2), (5000, 2, 16), (2 ** 20, 3, 64)):
+        caps = adaptive.bounded_capacities(n, dim, leaf, np.float32)
+        for capacity in (caps.w, caps.x):
+            chunk = adaptive.far_chunk(capacity)
+            assert capacity % chunk == 0 and chunk & (chunk - 1) == 0, (n, capacity, chunk)
+            assert adaptive.MIN_FAR_CHUNK <= chunk <= adaptive.FAR_CHUNK
+            assert chunk == adaptive.FAR_CHUNK or 8 * chunk >= capacity
+    assert adaptive.far_chunk(2 ** 20) == adaptive.FAR_CHUNK
+    assert adaptive.far_chunk(1024) == 128 and adaptive.far_chunk(100) == adaptive.MIN_FAR_CHUNK
