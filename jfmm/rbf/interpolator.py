@@ -358,8 +358,7 @@ class RBFInterpolator:
                                        preconditioner=preconditioner, rank=rank, seed=0)
             levels, fmm_eps = _hierarchy(np.asarray(sites, np.float64), sites, smoothing, k,
                                          lifted, fmm_eps, settings, chosen)
-            own = levels[0].own
-            order = None if own.plan is None else own.plan.order
+            order = levels[0].own.order
         elif method == "dense" and sites.shape[1] in (2, 3) and n * n > system.DIRECT_PAIRS:
             order = api.plan(sites, kernel=k, eps=fmm_eps, family="chebyshev").order
         is_complex = bool(jnp.iscomplexobj(d))

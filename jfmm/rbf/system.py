@@ -35,15 +35,19 @@ DIRECT_PAIRS = 2 ** 24
 
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["plan", "sources", "targets", "kernel"], meta_fields=[])
+                   data_fields=["plan", "sources", "targets", "kernel"],
+                   meta_fields=["order"])
 @dataclasses.dataclass(frozen=True)
 class PairSum:
     """phi(targets) = sum over sources of K(|t - s|) q: an FMM plan, or
-    (plan None) the direct sum of sources (n, d) to targets (m, d)."""
+    (plan None) the direct sum of sources (n, d) to targets (m, d). order:
+    the Chebyshev order the FMM takes (or would take) for these points,
+    None where the pairs are too few to have asked."""
     plan: api.Plan | None
     sources: jax.Array
     targets: jax.Array
     kernel: object
+    order: int | None = None
 
     def __call__(self, q):
         if self.plan is not None:
@@ -73,7 +77,8 @@ def pair_sum(sources, targets, kernel, eps: float, order: int | None = None) -> 
             # Krylov vectors cancel as they will: the solve's residual, not the
             # plan's check of the charges (`configure.checked`), judges them.
             plan = dataclasses.replace(plan, check=None)
-    return PairSum(plan, sources, targets, kernel)
+            chosen = plan.order
+    return PairSum(plan, sources, targets, kernel, chosen)
 
 
 def direct(kernel, dim: int, dtype, n: int, m: int, eps: float,
@@ -169,7 +174,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
         own = down = sub = cores = ext = None
         if not last or not levels:
             own = pair_sum(pts, pts, kernel, eps, order)
-            order = order if own.plan is None else own.plan.order
+            order = own.order if own.order is not None else order
         if not last:
             groups = schwarz.padded(schwarz.median_groups(here, settings.core),
                                     settings.core, -1)

@@ -209,7 +209,8 @@ def test_solver_sums_weigh_the_order_the_plan_takes(rng, monkeypatch):
     """The crossover scales with the order the plan would take, not the
     one eps alone gives: with a crossover measured at order 6 just below
     these pairs, the order eps 1e-9 takes on these points (higher) makes
-    the direct sum cheaper, exactly (a numpy sum), and order 6 does not."""
+    the direct sum cheaper, exactly (a numpy sum), and order 6 does not.
+    The sum keeps that order for the sums that come after it."""
     from jfmm import configure
 
     n, eps = 3000, 1e-9
@@ -225,7 +226,7 @@ def test_solver_sums_weigh_the_order_the_plan_takes(rng, monkeypatch):
                                     gradient=False).order
     assert order > 6 and system.direct(k, 3, np.float64, n, n, eps, order=order)
     summed = system.pair_sum(pts, pts, k, eps)
-    assert summed.plan is None
+    assert summed.plan is None and summed.order == order
     q = rng.random(n) - 0.5
     r = np.sqrt(np.sum((y[:, None, :] - y[None, :, :]) ** 2, axis=-1))
     assert rel(summed(jnp.asarray(q)), -r @ q) < 1e-13
