@@ -7,6 +7,7 @@ import weakref
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jfmm import _compat
 from jfmm import configure as _configure
@@ -130,8 +131,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     (under jit they give NaN results), as does an eps outside (0, 1); float64
     data with jax's x64 mode off warns once (it is computed in float32).
     Eager calls remember their choices (`configure.resolve_eager`) and keep
-    the plan they sum through for later calls on the same jax arrays: a
-    repeated call costs about a `Plan.apply`.
+    the plan they sum through for later calls on the same jax arrays, or
+    the same numpy arrays with the same values: a repeated call costs
+    about a `Plan.apply`.
 
     The charges: eps is relative to phi, which charges that cancel by
     construction make small (zero sum and first moments: the weights of an
@@ -234,6 +236,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         mesh = _distributed.check_mesh(mesh)
         sources, charges, targets = (_distributed.on_mesh(x, mesh)
                                      for x in (sources, charges, targets))
+    else:
+        sources, targets = _device_points(sources), _device_points(targets)
     # The same jax arrays as a checked earlier call: its plan, without checks.
     opts = (eps, leaf_size, order, family, gradient, tree)
     charged = _charged(sources, targets, charges, kernel, mesh, *opts[:4], tree, measure=False)
@@ -280,6 +284,34 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                                  mode=backend.current())
     _configure.raise_unchecked(ok, config)
     return _inputs.finish(phi, grad, layout, gradient)
+
+
+_HOST_POINTS = []    # (numpy array weak reference, its values then, their jax array), recent
+
+
+def _device_points(x):
+    """The jax array of numpy points x: the one an earlier eager call made
+    from this very numpy array if its values are those it had then
+    (compared in full: numpy arrays change in place), so that calls on the
+    same numpy points find their plan (`_eager_plan`) as calls on the same
+    jax arrays do. x itself where it is not a numpy array of floats."""
+    if not (isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype.kind == "f"):
+        return x
+    for ref, values, arr in _HOST_POINTS:
+        if ref() is x and np.array_equal(values, x):
+            return arr
+    _inputs.warn_float64(x)
+    arr = jnp.asarray(x)
+    _forget_points(x)
+    _HOST_POINTS.insert(0, (weakref.ref(x, _forget_points), x.copy(), arr))
+    del _HOST_POINTS[4:]
+    return arr
+
+
+def _forget_points(gone):
+    """Drop the `_HOST_POINTS` entry of a numpy array (or of its weak
+    reference, once the array is freed)."""
+    _HOST_POINTS[:] = [e for e in _HOST_POINTS if e[0] is not gone and e[0]() is not gone]
 
 
 def _same_arrays(refs, arrays) -> bool:

@@ -215,6 +215,26 @@ def test_eager_calls_on_new_points_share_one_tree(rng, monkeypatch):
     assert len(built) == 1 and bounded == [False, True, True]
 
 
+def test_eager_calls_on_the_same_numpy_points_keep_their_plan(rng, monkeypatch):
+    """Calls on one numpy array of points sum through the plan the first
+    made, as calls on one jax array do (one tree); changed in place, the
+    array's new values get a tree of their own, within eps."""
+    for name in ("_SIZED", "_PLANS", "_HOST_POINTS"):
+        monkeypatch.setattr(api, name, type(getattr(api, name))())
+    built, real = [], adaptive.plan_tree
+    monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
+    x = scales(1000, rng, 3, 3)
+    plans = []
+    for moved in (False, False, True):
+        if moved:
+            x[:] = scales(1000, rng, 3, 4)
+        q = charges(1000, rng)
+        phi = jfmm.fmm(x, q, eps=1e-4, leaf_size=2)
+        assert rel(phi, radial_reference(K.Laplace3D(), x, q, gradient=False)[0]) <= 1e-4
+        plans.append(api._PLANS[0][2])
+    assert len(built) == 1 and plans[1] is plans[0] and plans[2].tree.caps.bounded
+
+
 # Traced points: trees of bounded capacities (`adaptive.bounded_capacities`).
 
 def coincident_but_few(n, rng, dim):
