@@ -1,10 +1,12 @@
-"""The Schwarz preconditioner's geometry: coarse points against numpy,
-extended sets searched on the device against scipy's k-d tree on the
-host (float64, fresh draws)."""
+"""The Schwarz preconditioner: coarse points against numpy, extended sets
+searched on the device against scipy's k-d tree on the host, local
+inverses against numpy's (float64, fresh draws)."""
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jfmm.rbf import schwarz
+from jfmm.rbf.interpolator import kernel_for
 
 
 def cloud(kind, n, rng):
@@ -84,3 +86,42 @@ def test_small_sets_take_what_there_is(rng):
     for g, row in enumerate(ext):
         inside = set(groups[g][groups[g] >= 0])
         assert not inside & set(row[32:]) and len(set(row[row < 100])) == len(row[row < 100])
+
+
+@pytest.mark.parametrize("kind", ["uniform", "lines"])
+def test_local_inverses_against_numpy(kind, rng):
+    """Each subdomain's rows of its local saddle system's inverse, against
+    numpy's float64 inverse of [[-|x_i - x_j| + s, P], [P^T, 0]] (P: 1, x,
+    y, z), stored in float32 for float64 points (they are the solver's
+    largest arrays; a preconditioner needs no more), and the restricted
+    solves they give. A set of fewer points than it holds (the last)
+    leaves its padding's columns zero."""
+    n, core, m_ext = 200, 16, 48
+    x = cloud(kind, n, rng)
+    smoothing = rng.random(n) * 1e-3
+    groups = schwarz.padded(schwarz.median_groups(x, core), core, -1)
+    cores, ext = (np.array(a) for a in schwarz.subdomains(x, groups, m_ext))
+    ext[-1, m_ext // 2:] = n                                 # a short set
+    powers = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    G = schwarz.local_inverses(kernel_for("linear", 1.0), jnp.asarray(x),
+                               jnp.asarray(smoothing), jnp.asarray(ext), core, powers)
+    assert G.dtype == jnp.float32 and G.shape == (len(groups), core, m_ext)
+    want = np.zeros(G.shape)
+    for i, e in enumerate(ext):
+        at = np.flatnonzero(e < n)                       # the set's points' slots
+        pts = x[e[at]]
+        k = -np.linalg.norm(pts[:, None] - pts[None], axis=-1) + np.diag(smoothing[e[at]])
+        p = np.concatenate([np.ones((len(at), 1)), pts], axis=1)
+        s = np.block([[k, p], [p.T, np.zeros((4, 4))]])
+        rows = at[at < core]                             # the core's points' slots
+        want[i][np.ix_(rows, at)] = np.linalg.inv(s)[:len(rows), :len(at)]
+    G = np.where((cores < n)[:, :, None], np.asarray(G), 0.0)   # padding slots: unused
+    assert np.max(np.abs(G - want)) <= 1e-5 * np.max(np.abs(want))
+    r = rng.random(n) - 0.5
+    z = schwarz.restricted_solves(jnp.asarray(G, jnp.float32), jnp.asarray(cores),
+                                  jnp.asarray(ext), jnp.asarray(r))
+    assert z.dtype == np.float64
+    rp = np.append(r, 0.0)
+    z_want = np.zeros(n + 1)
+    z_want[cores] = np.einsum("dme,de->dm", want, rp[ext])
+    assert np.linalg.norm(np.asarray(z) - z_want[:n]) <= 1e-5 * np.linalg.norm(z_want)
