@@ -738,16 +738,19 @@ def resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
 
 # Source-target pairs below which the direct sum (all pairs of a one-box
 # tree) beats the FMM, per backend and (family, dim, dtype), the eps they
-# were measured at and the order the FMM took there: the crossover of
-# repeated eager calls measured by benchmarks/bench_crossover.py
-# (docs/BENCHMARKS.md). Combinations not measured keep the FMM. At another
-# order the pairs scale with its power `PAIRS_POWER`; where the order is
-# not known yet, with that of the order the eps alone gives (`_order_proxy`).
+# were measured at and the order the FMM took there, and for some the
+# kernel they were measured with: the crossover of repeated eager calls
+# measured by benchmarks/bench_crossover.py (docs/BENCHMARKS.md; the CPU's
+# float64 Chebyshev entry from warm plans against warm direct sums, as the
+# RBF solver calls them). Combinations not measured keep the FMM. At
+# another order the pairs scale with its power `PAIRS_POWER`; where the
+# order is not known yet, with that of the order the eps alone gives
+# (`_order_proxy`); for another kernel, with `PAIR_COST`.
 DIRECT_PAIRS = {
     "cpu": {("laplace3d", 3, "float32"): (2 ** 26, 1e-5, 10),
             ("laplace3d", 3, "float64"): (2 ** 27, 1e-6, 13),
             ("chebyshev", 3, "float32"): (2 ** 27, 1e-4, 6),
-            ("chebyshev", 3, "float64"): (2 ** 28, 1e-6, 8),
+            ("chebyshev", 3, "float64"): (2 ** 29.8, 1e-6, 8, "Linear"),
             ("laplace2d", 2, "float64"): (2 ** 22, 1e-6, 11)},
     "gpu": {("laplace3d", 3, "float32"): (2 ** 31.5, 1e-5, 10),
             ("laplace3d", 3, "float64"): (2 ** 31, 1e-6, 13),
@@ -767,6 +770,34 @@ DIRECT_PAIRS = {
 # and 2^32.1 pairs at n = 8, 10 and 11).
 PAIRS_POWER = {"laplace3d": lambda dim: 3, "laplace2d": lambda dim: 3,
                "chebyshev": lambda dim: 2 * dim}
+
+# A kernel's cost per pair in the direct sum, relative, per backend and
+# dtype where measured (2-core CPU, float64, all pairs of 2x10^4 points,
+# jitted: linear 619 ms, cubic 602, multiquadric 595, inverse quadratic
+# 530, quintic 712, inverse multiquadric 1,015, thin-plate spline 1,980,
+# Gaussian 2,266). The crossover's pairs scale as 1 / cost against the
+# cost of the kernel an entry was measured with: at these sizes much of
+# the FMM's time does not depend on the kernel (its far field at a fixed
+# depth), so the direct sum's N scales as 1 / sqrt(cost). Measured: the
+# thin-plate spline's direct sum beat the order-8 plan at 12,000 points
+# (675 against 876 ms) and lost at 20,000 (1,980 against 1,483), about
+# 2^28 pairs against the linear kernel's 2^29.8. Kernels not listed cost
+# what that kernel does.
+PAIR_COST = {"cpu": {"float64": {"Linear": 1.0, "Cubic": 0.97, "Multiquadric": 0.96,
+                                 "InverseQuadratic": 0.86, "Quintic": 1.15,
+                                 "InverseMultiquadric": 1.64, "ThinPlateSpline": 3.2,
+                                 "Gaussian": 3.66}}}
+
+
+def _cost_ratio(entry: tuple, kernel, backend: str, dtype) -> float:
+    """Cost per pair of the kernel a DIRECT_PAIRS entry was measured with
+    over this kernel's; 1 where either is not known. A kernel wrapping
+    another (`base`: a length scale) costs what it wraps."""
+    costs = PAIR_COST.get(backend, {}).get(jnp.dtype(dtype).name, {})
+    name = type(getattr(kernel, "base", kernel)).__name__
+    if len(entry) < 4 or entry[3] not in costs or name not in costs:
+        return 1.0
+    return costs[entry[3]] / costs[name]
 
 
 def _order_proxy(name: str, dim: int, eps: float, dtype) -> int:
@@ -792,14 +823,16 @@ _FLOORS = {"laplace3d": laplace3d_model.EPS_FLOOR, "laplace2d": laplace2d_model.
 def below_crossover(kernel, dim: int, dtype, n_src: int, n_tgt: int, eps: float,
                     family: str = "auto", order: int | None = None) -> bool:
     """Whether the direct sum beats the FMM of `family` ("auto": the
-    kernel's own) at these sizes (`DIRECT_PAIRS`); order: the FMM's, where
-    known (else the order eps alone gives stands for it)."""
+    kernel's own) at these sizes (`DIRECT_PAIRS`, scaled to this kernel's
+    cost per pair: `PAIR_COST`); order: the FMM's, where known (else the
+    order eps alone gives stands for it)."""
     name = _tree_family(kernel, dim, family)[0].NAME
-    table = DIRECT_PAIRS["cpu" if jax.default_backend() == "cpu" else "gpu"]
-    entry = table.get((name, dim, jnp.dtype(dtype).name))
+    backend = "cpu" if jax.default_backend() == "cpu" else "gpu"
+    entry = DIRECT_PAIRS[backend].get((name, dim, jnp.dtype(dtype).name))
     if entry is None:
         return False
-    pairs, measured_eps, measured_order = entry
+    pairs, measured_eps, measured_order = entry[:3]
+    pairs *= _cost_ratio(entry, kernel, backend, dtype)
     try:
         if order is None:
             order, measured_order = (_order_proxy(name, dim, e, dtype)

@@ -155,6 +155,36 @@ def test_direct_sum_below_the_crossover(rng):
     assert resolve(big, K.Laplace3D()).name == "laplace3d"
 
 
+def test_crossover_scales_with_the_kernels_cost_per_pair(monkeypatch):
+    """An entry measured with one kernel crosses at pairs / (cost ratio)
+    for another (`PAIR_COST`): a kernel costing 3.2x crosses at a 3.2nd of
+    the pairs, a cheaper one later; a kernel with a length scale wrapped
+    around another (`base`) costs what it wraps; a kernel or dtype without
+    a cost keeps the entry's pairs."""
+    from jfmm.rbf.interpolator import kernel_for
+
+    pairs = 2.0 ** 30
+    monkeypatch.setattr(configure, "DIRECT_PAIRS",
+                        {"cpu": {("chebyshev", 3, "float64"): (pairs, 1e-6, 8, "Linear"),
+                                 ("chebyshev", 3, "float32"): (pairs, 1e-4, 8, "Linear")},
+                         "gpu": {}})
+    monkeypatch.setattr(configure, "PAIR_COST", {"cpu": {"float64": {
+        "Linear": 1.0, "ThinPlateSpline": 3.2, "InverseQuadratic": 0.5}}})
+
+    def crosses(kernel, ratio, dtype=np.float64, eps=1e-6):
+        n = int(np.sqrt(pairs * ratio))
+        return (configure.below_crossover(kernel, 3, dtype, n - 8, n - 8, eps, "chebyshev", 8)
+                and not configure.below_crossover(kernel, 3, dtype, n + 8, n + 8, eps,
+                                                  "chebyshev", 8))
+
+    assert jax.default_backend() == "cpu"
+    assert crosses(K.Linear(), 1.0) and crosses(K.ThinPlateSpline(), 1 / 3.2)
+    assert crosses(K.InverseQuadratic(1.0), 2.0)
+    assert crosses(kernel_for("thin_plate_spline", 2.0), 1 / 3.2)      # scaled: its base
+    assert crosses(K.Gaussian(1.0), 1.0)                                 # no cost measured
+    assert crosses(K.ThinPlateSpline(), 1.0, np.float32, 1e-4)           # no float32 costs
+
+
 def test_eager_calls_on_the_same_arrays_reuse_one_plan(rng):
     """Eager calls on the same jax arrays apply the Plan made by the second
     (tree included); a new array of equal values makes its own. Both within
