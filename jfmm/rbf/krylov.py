@@ -48,8 +48,9 @@ def fgmres(matvec: Callable, b, precondition: Callable, *, tol: float, restart: 
     # One loop whose every step applies matvec once, so that it is traced
     # and compiled once (the FMM's passes dominate a solve's program): at
     # j = 0 a step takes the true residual b - A x, which ends the solve or
-    # starts a cycle; at j = k + 1 it is the cycle's Arnoldi step k, on
-    # z = M v_k. A cycle ends at `restart` steps, at maxiter, or where the
+    # starts a cycle (the first cycle starts before the loop, from x = 0,
+    # whose residual is b: no product); at j = k + 1 it is the cycle's
+    # Arnoldi step k, on z = M v_k. A cycle ends at `restart` steps, at maxiter, or where the
     # Givens estimate reaches tol; the next step's true residual confirms it.
     # Under vmap (several data columns) the conds become selects, and a
     # restart's step preconditions too, its result unused.
@@ -114,6 +115,7 @@ def fgmres(matvec: Callable, b, precondition: Callable, *, tol: float, restart: 
              jnp.zeros((restart, n), dtype), jnp.zeros((restart + 1, restart), dtype),
              jnp.zeros((restart,), dtype), jnp.zeros((restart,), dtype),
              jnp.zeros((restart + 1,), dtype), inf, jnp.zeros((), bool))
+    state = begin(state, None, jnp.zeros_like(b))        # x = 0: its residual is b
     x, steps, *_, estimate, _ = jax.lax.while_loop(lambda s: ~s[-1], step, state)
     return x, Convergence(steps, estimate / jnp.maximum(bnorm, tiny))
 
