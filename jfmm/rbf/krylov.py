@@ -50,8 +50,9 @@ def fgmres(matvec: Callable, b, precondition: Callable, *, tol: float, restart: 
     # j = 0 a step takes the true residual b - A x, which ends the solve or
     # starts a cycle (the first cycle starts before the loop, from x = 0,
     # whose residual is b: no product); at j = k + 1 it is the cycle's
-    # Arnoldi step k, on z = M v_k. A cycle ends at `restart` steps, at maxiter, or where the
-    # Givens estimate reaches tol; the next step's true residual confirms it.
+    # Arnoldi step k, on z = M v_k. A cycle ends at `restart` steps, at
+    # maxiter, or where the Givens estimate reaches tol; the next step's
+    # true residual confirms it.
     # Under vmap (several data columns) the conds become selects, and a
     # restart's step preconditions too, its result unused.
     def begin(state, z, w):

@@ -42,7 +42,8 @@ class PairSum:
     """phi(targets) = sum over sources of K(|t - s|) q: an FMM plan, or
     (plan None) the direct sum of sources (n, d) to targets (m, d). order:
     the Chebyshev order the FMM takes (or would take) for these points,
-    None where the pairs are too few to have asked."""
+    None where none was asked for (pairs too few, or below the crossover by
+    eps alone)."""
     plan: api.Plan | None
     sources: jax.Array
     targets: jax.Array
