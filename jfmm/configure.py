@@ -775,7 +775,8 @@ PAIRS_POWER = {"laplace3d": lambda dim: 3, "laplace2d": lambda dim: 3,
 # dtype where measured (2-core CPU, float64, all pairs of 2x10^4 points,
 # jitted: linear 619 ms, cubic 602, multiquadric 595, inverse quadratic
 # 530, quintic 712, inverse multiquadric 1,015, thin-plate spline 1,980,
-# Gaussian 2,266). The crossover's pairs scale as 1 / cost against the
+# Gaussian 2,266; in another run linear 564, the vortex cores
+# Rosenhead-Moore 923 and Winckelmans 1,106). The crossover's pairs scale as 1 / cost against the
 # cost of the kernel an entry was measured with: at these sizes much of
 # the FMM's time does not depend on the kernel (its far field at a fixed
 # depth), so the direct sum's N scales as 1 / sqrt(cost). Measured: the
@@ -786,7 +787,8 @@ PAIRS_POWER = {"laplace3d": lambda dim: 3, "laplace2d": lambda dim: 3,
 PAIR_COST = {"cpu": {"float64": {"Linear": 1.0, "Cubic": 0.97, "Multiquadric": 0.96,
                                  "InverseQuadratic": 0.86, "Quintic": 1.15,
                                  "InverseMultiquadric": 1.64, "ThinPlateSpline": 3.2,
-                                 "Gaussian": 3.66}}}
+                                 "Gaussian": 3.66, "RosenheadMoore": 1.64,
+                                 "Winckelmans": 1.96}}}
 
 
 def _cost_ratio(entry: tuple, kernel, backend: str, dtype) -> float:
