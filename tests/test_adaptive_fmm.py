@@ -203,36 +203,26 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
 def test_eager_calls_on_new_points_share_one_tree(rng, monkeypatch):
     """Eager calls on new point sets of the same shapes (time steps
     outside jit): the first sizes its adaptive tree from its points, later
-    ones take the tree of traced points, compiled once, within eps."""
-    monkeypatch.setattr(api, "_SIZED", set())
-    built, real = [], adaptive.plan_tree
-    monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
-    q, bounded = charges(1000, rng), []
-    for x in (scales(1000, rng, 3, 3), scales(1000, rng, 3, 4), scales(1000, rng, 3, 5)):
-        phi = jfmm.fmm(jnp.asarray(x), q, eps=1e-4, leaf_size=2)
-        assert rel(phi, radial_reference(K.Laplace3D(), x, q, gradient=False)[0]) <= 1e-4
-        bounded.append(api._PLANS[0][2].tree.caps.bounded)       # the plan the call kept
-    assert len(built) == 1 and bounded == [False, True, True]
-
-
-def test_eager_calls_on_the_same_numpy_points_keep_their_plan(rng, monkeypatch):
-    """Calls on one numpy array of points sum through the plan the first
-    made, as calls on one jax array do (one tree); changed in place, the
-    array's new values get a tree of their own, within eps."""
+    ones take the tree of traced points, compiled once, within eps. Calls
+    on one numpy array of points sum through the plan the first made, as
+    calls on one jax array do; changed in place, its values are new
+    points."""
     for name in ("_SIZED", "_PLANS", "_HOST_POINTS"):
         monkeypatch.setattr(api, name, type(getattr(api, name))())
     built, real = [], adaptive.plan_tree
     monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
-    x = scales(1000, rng, 3, 3)
-    plans = []
-    for moved in (False, False, True):
-        if moved:
-            x[:] = scales(1000, rng, 3, 4)
+    x, plans = scales(1000, rng, 3, 3), []
+    for step in range(4):
+        if step == 2:
+            x[:] = scales(1000, rng, 3, 4)                     # in place
+        pts = jnp.asarray(scales(1000, rng, 3, 5)) if step == 3 else x
         q = charges(1000, rng)
-        phi = jfmm.fmm(x, q, eps=1e-4, leaf_size=2)
-        assert rel(phi, radial_reference(K.Laplace3D(), x, q, gradient=False)[0]) <= 1e-4
-        plans.append(api._PLANS[0][2])
-    assert len(built) == 1 and plans[1] is plans[0] and plans[2].tree.caps.bounded
+        phi = jfmm.fmm(pts, q, eps=1e-4, leaf_size=2)
+        ref = radial_reference(K.Laplace3D(), np.asarray(pts), q, gradient=False)[0]
+        assert rel(phi, ref) <= 1e-4
+        plans.append(api._PLANS[0][2])                         # the plan the call kept
+    assert len(built) == 1 and plans[1] is plans[0]
+    assert [pl.tree.caps.bounded for pl in plans] == [False, False, True, True]
 
 
 # Traced points: trees of bounded capacities (`adaptive.bounded_capacities`).
