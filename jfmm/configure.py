@@ -793,10 +793,9 @@ PAIR_COST = {"cpu": {"float64": {"Linear": 1.0, "Cubic": 0.97, "Multiquadric": 0
 
 def _cost_ratio(entry: tuple, kernel, backend: str, dtype) -> float:
     """Cost per pair of the kernel a DIRECT_PAIRS entry was measured with
-    over this kernel's; 1 where either is not known. A kernel wrapping
-    another (`base`: a length scale) costs what it wraps."""
+    over this kernel's (`Kernel.evaluates`); 1 where either is not known."""
     costs = PAIR_COST.get(backend, {}).get(jnp.dtype(dtype).name, {})
-    name = type(getattr(kernel, "base", kernel)).__name__
+    name = kernel.evaluates
     if len(entry) < 4 or entry[3] not in costs or name not in costs:
         return 1.0
     return costs[entry[3]] / costs[name]

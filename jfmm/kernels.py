@@ -39,6 +39,12 @@ class Kernel:
     def radial(self, r):
         raise NotImplementedError
 
+    @property
+    def evaluates(self) -> str:
+        """The kernel whose pair evaluation this one's is, by class name:
+        what its direct sum costs a pair (`configure.PAIR_COST`)."""
+        return type(self).__name__
+
     def is_concrete(self) -> bool:
         """Whether the kernel can be evaluated eagerly: its parameters, and
         a Radial fn's closure, hold no tracers."""

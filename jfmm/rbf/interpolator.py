@@ -42,6 +42,10 @@ class Scaled(kernels.Kernel):
     base: kernels.Kernel
     epsilon: float = 1.0
 
+    @property
+    def evaluates(self) -> str:
+        return self.base.evaluates
+
     def radial(self, r):
         return self.base.radial(self.epsilon * r)
 

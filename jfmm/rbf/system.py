@@ -175,7 +175,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
         own = down = sub = cores = ext = None
         if not last or not levels:
             own = pair_sum(pts, pts, kernel, eps, order)
-            order = own.order if own.order is not None else order
+            order = own.order           # the given one, or what the first level chose
         if not last:
             groups = schwarz.padded(schwarz.median_groups(here, settings.core),
                                     settings.core, -1)
