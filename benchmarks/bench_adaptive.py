@@ -53,7 +53,7 @@ def pass_times(pl, q, repeats):
     busy = adaptive.busy_leaves(t, t.tgt_sorted.shape[0])        # as `adaptive_evaluate`
     near = jax.jit(lambda t, c: backend.near_field(kern, t.tgt_sorted, t.tgt_start, t.src_sorted,
                                                    c, t.src_start, t.near, True, mode,
-                                                   leaves=busy, stacked=True))
+                                                   leaves=busy))
     up = jax.jit(lambda t, c, o: passes.adaptive_upward(t, c, fam, o, p, t.box_side(t.level),
                                                         mode))
     mult = up(t, qs, ops)

@@ -124,7 +124,7 @@ def pass_rows(args) -> list[dict]:
 
     def near(t, c):
         return backend.near_field(kern, t.tgt_sorted, t.tgt_start, t.src_sorted, c, t.src_start,
-                                  t.near, True, mode, leaves=busy(t), stacked=True)
+                                  t.near, True, mode, leaves=busy(t))
 
     def p2m(t, c):
         u, _ = scaled(t, t.src_sorted, t.src_leaf)

@@ -311,7 +311,7 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     busy = adaptive.busy_leaves(tree, tree.tgt_sorted.shape[0])
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, tree.near, gradient, mode,
-                                   leaves=busy, stacked=True)
+                                   leaves=busy)
     if family is None or tree.depth < 2:
         return phi, grad
     side = tree.box_side(tree.level)

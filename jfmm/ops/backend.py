@@ -93,17 +93,16 @@ def current() -> str:
 
 def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
                gradient: bool, mode: str, blocks: pallas_p2p.Blocks | None = None,
-               leaves: int | None = None, stacked: bool = False):
+               leaves: int | None = None):
     """`jfmm.ops.p2p.near_field` on backend `mode` (see `current`); jnp for
     kernels the Pallas kernel cannot lower (`Kernel.pallas`). leaves: the
     leaves with targets in most trees, where far fewer than the slots
-    (`tiles.in_steps`). stacked: `p2p.pairwise`'s layout of the jnp near
-    field (adaptive trees: many part-filled source chunks)."""
+    (`tiles.in_steps`)."""
     m = tgt_sorted.shape[0]
     if mode == "jnp" or not kernel.pallas:
         return tiles.in_steps(
             lambda *t: p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
-                                      src_start, near, gradient, tiles=t, stacked=stacked),
+                                      src_start, near, gradient, tiles=t),
             tgt_start, m, p2p.TILE, leaves)
     blocks = blocks or _blocks
     return tiles.in_steps(

@@ -10,7 +10,6 @@ is sized by the data.
 """
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -26,33 +25,25 @@ TILE = 64
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool, stacked: bool = False):
+def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
     """Sum over a tile of sources for a tile of targets.
 
     y: (T, d) targets; x: (S, d) sources; q: (S, K) charges;
     mask: (S,) bool, sources to include. Returns phi (T, K) and, if
     gradient, grad (T, K, d) = d phi / d y. Singular kernels skip r = 0.
 
-    The differences are one (T, S) array per axis (a minor axis of d = 2
-    or 3 does not vectorise on a CPU), or with `stacked` one (d, T, S)
-    array, fewer operations for loops of mostly part-filled source chunks
-    (adaptive trees' near fields). 2-core CPU, 2^16 points, 3D Laplace
-    float64 with gradient, near field: the cube 3.06 s with (T, S, d),
-    0.6-0.9 s per axis, 2.3 s stacked; Plummer points on their adaptive
-    tree 4.0, 7.2 and 2.4 s. Compiled without XLA's optimisations
-    (`jax_disable_most_optimizations`, the test suite's setting), where
-    nothing vectorises, one (T, S, d) array: the fewest operations to
-    compile.
+    The differences are one (T, S) array per axis: a minor axis of d = 2
+    or 3 does not vectorise on a CPU (2-core CPU, 2^16 points, 3D Laplace
+    float64 with gradient, the cube's near field: 0.9 s per axis, 1.7 s as
+    one (d, T, S) array, 3.1 s as (T, S, d)). Compiled without XLA's
+    optimisations (`jax_disable_most_optimizations`, the test suite's
+    setting), where nothing vectorises, one (T, S, d) array: the fewest
+    operations to compile.
     """
     if jax.config.read("jax_disable_most_optimizations"):
         diff = y[:, None, :] - x[None, :, :]
         r2 = jnp.sum(diff * diff, axis=-1)
         along = lambda g, q: jnp.einsum("tsd,sk->tkd", diff * g[..., None], q,  # noqa: E731
-                                     precision=HIGHEST)
-    elif stacked:
-        diff = y.T[:, :, None] - x.T[:, None, :]
-        r2 = jnp.sum(diff * diff, axis=0)
-        along = lambda g, q: jnp.einsum("dts,sk->tkd", diff * g[None], q,  # noqa: E731
                                      precision=HIGHEST)
     else:
         diffs = [y[:, i, None] - x[None, :, i] for i in range(y.shape[1])]
@@ -73,8 +64,10 @@ def _map(f, xs, batch: int):
 
 
 def default_batch(n_tiles: int) -> int:
-    """Tiles per mapped step: all at once on accelerators, a few on CPU
-    (a vectorised data-dependent loop runs to the largest trip count)."""
+    """Tiles per mapped step: all at once on accelerators, a few on CPU (a
+    vectorised data-dependent loop runs to the largest trip count; one
+    tile a step runs 6x slower: 2-core CPU, 2^16 points, the cube's near
+    field 0.90, 1.12, 6.1 and 1.10 s at 4, 2, 1 and 8 tiles a step)."""
     if jax.default_backend() == "cpu":
         return max(1, min(n_tiles, 4))
     return max(1, n_tiles)
@@ -175,8 +168,7 @@ def source_ranges(near, src_start):
 
 
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
-               near, gradient: bool, tile: int = TILE, batch: int | None = None, tiles=None,
-               stacked: bool = False):
+               near, gradient: bool, tile: int = TILE, batch: int | None = None, tiles=None):
     """Sum over the sources of each target leaf's near neighbours.
 
     tgt_sorted (M, d), src_sorted (N, d), q_sorted (N, K): Morton-sorted;
@@ -184,7 +176,8 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     near (nleaf, 3^d): neighbour leaves, sentinel nleaf (or slot ranges,
     `source_ranges`).
     tiles: (leaf, t0, t1) of the target tiles to run (`leaf_tiles` with
-    `tile`), or None for all. stacked: `pairwise`'s layout.
+    `tile`; padded with empty tiles to a multiple of the batch), or None
+    for all.
     Returns phi (M, K), grad (M, K, d) or None, in sorted target order.
     """
     m, d = tgt_sorted.shape
@@ -193,7 +186,9 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
         batch = batch or default_batch(_tile_count(m, tgt_start.shape[0] - 2, tile))
         tiles = leaf_tiles(tgt_start, m, tile, batch)
     else:
-        batch = math.gcd(batch or default_batch(tiles[0].shape[0]), tiles[0].shape[0])
+        batch = batch or default_batch(tiles[0].shape[0])
+        extra = -tiles[0].shape[0] % batch      # empty tiles: the sentinel leaf, from row m
+        tiles = tuple(pad_rows(a, extra, v) for a, v in zip(tiles, (tgt_start.shape[0] - 2, m, m)))
     leaf, t0, t1 = tiles
     y_pad = pad_rows(tgt_sorted, tile)
     x_pad = pad_rows(src_sorted, tile)
@@ -213,7 +208,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
             xs = jax.lax.dynamic_slice_in_dim(x_pad, start, tile)
             qs = jax.lax.dynamic_slice_in_dim(q_pad, start, tile)
             ms = start + jnp.arange(tile) < s1[j]
-            phi, grad = pairwise(kernel, yt, xs, qs, ms, gradient, stacked)
+            phi, grad = pairwise(kernel, yt, xs, qs, ms, gradient)
             return (acc[0] + phi, acc[1] + grad if gradient else None)
 
         init = (jnp.zeros((tile, kq), y_pad.dtype),

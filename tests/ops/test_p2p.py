@@ -1,14 +1,15 @@
 """The jnp pair tile, `p2p.pairwise`, in each of its layouts against a
 float64 numpy sum: one (T, S, d) array where XLA's optimisations are off
-(the suite's default), one (T, S) array per axis and the stacked (d, T, S)
-array where they are on."""
+(the suite's default), one (T, S) array per axis where they are on."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import rel
 
 from jfmm import kernels as K
-from jfmm.ops import p2p
+from jfmm.ops import backend, p2p
+from jfmm.tree import build, lists, tiles
 
 
 @pytest.mark.optimized
@@ -31,9 +32,34 @@ def test_pairwise_layouts_match_numpy(dim, rng):
     try:
         for unoptimised in (True, False):
             jax.config.update("jax_disable_most_optimizations", unoptimised)
-            for stacked in (False, True):
-                phi, grad = jax.jit(lambda a, b, c, m: p2p.pairwise(kernel, a, b, c, m, True,
-                                                                      stacked))(y, x, q, mask)
-                assert rel(phi, want_phi) < 1e-13 and rel(grad, want_grad) < 1e-13
+            phi, grad = jax.jit(lambda a, b, c, m: p2p.pairwise(kernel, a, b, c, m, True))(
+                y, x, q, mask)
+            assert rel(phi, want_phi) < 1e-13 and rel(grad, want_grad) < 1e-13
     finally:
         jax.config.update("jax_disable_most_optimizations", before)
+
+
+@pytest.mark.parametrize("n_tgt, leaves", [(150, None), (97, 5)])
+def test_near_field_tiles_not_a_multiple_of_the_batch(n_tgt, leaves, rng):
+    """The jnp near field over tiles whose count is not a multiple of the
+    tiles run per step (padded with empty tiles), all at once and in steps
+    (`tiles.in_steps`), against a numpy sum over the pairs of neighbouring
+    leaves (centres at most one box side apart on every axis)."""
+    x = rng.random((301, 3))
+    x[:200] = 0.3 + 0.05 * rng.random((200, 3))                 # most in a few leaves
+    y = rng.random((n_tgt, 3))
+    q = rng.random((301, 2)) - 0.5
+    t = build(jnp.asarray(x), jnp.asarray(y), 2)
+    count = tiles.tile_count(n_tgt, t.tgt_start.shape[0] - 2, p2p.TILE)
+    assert count % 4 and p2p.default_batch(count) == 4
+    qs = jnp.asarray(q)[t.src_perm]
+    phi, grad = backend.near_field(K.Laplace3D(), t.tgt_sorted, t.tgt_start, t.src_sorted, qs,
+                                   t.src_start, lists.neighbors(2, 3), True, "jnp",
+                                   leaves=leaves)
+    ys, xs = np.asarray(t.tgt_sorted), np.asarray(t.src_sorted)
+    cy, cx = (np.asarray(t.leaf_centers(b)) for b in (t.tgt_leaf, t.src_leaf))
+    near = np.all(np.abs(cy[:, None] - cx[None]) < 1.01 * float(t.box_side(2)), axis=-1)
+    d = ys[:, None] - xs[None]
+    inv = np.where(near, 1 / np.linalg.norm(d, axis=-1), 0.0)
+    assert rel(phi, inv @ np.asarray(qs)) < 1e-13
+    assert rel(grad, np.einsum("tsd,ts,sk->tkd", d, -inv ** 3, np.asarray(qs))) < 1e-13
