@@ -1,4 +1,6 @@
-"""XLA's GPU matrix products as cuBLAS calls, on by default for jfmm's users.
+"""How jfmm's programs compile: XLA's GPU matrix products as cuBLAS calls,
+on by default for jfmm's users; on a CPU, the programs that run once per
+point set without XLA's fusion emitters (`once`).
 
 XLA autotunes each matrix product of a GPU program over Triton kernel
 configurations when it compiles; the FMM's many translation products made
@@ -18,9 +20,13 @@ matrix products through cuBLAS too. A CPU ignores it.
 """
 from __future__ import annotations
 
+import functools
 import os
 
+import jax
 from jax._src import xla_bridge
+
+from jfmm import _compat
 
 FLAG = "--xla_gpu_enable_triton_gemm=false"
 KEEP = ("1", "on", "true", "yes")
@@ -34,3 +40,37 @@ def enable() -> bool:
         return False
     os.environ["XLA_FLAGS"] = f"{flags} {FLAG}".strip()
     return True
+
+
+# A CPU compiles the programs that run once per point set (an adaptive
+# tree's sizing, build and work lists) without XLA's fusion emitters: its
+# fusions then compile in less time and run in about the same. 2-core CPU,
+# jaxlib 0.10.2, 2^16 Plummer points, the first eager jfmm.fmm: XLA time
+# of the tree's programs 3.9 -> 2.8 s (docs/BENCHMARKS.md). The passes keep
+# them: without, the cube's repeated sum ran 1.5 -> 1.86 s.
+ONCE_CPU = {"xla_cpu_use_fusion_emitters": False}
+_once_cpu = [True]                      # until a jaxlib refuses the option
+
+
+def once(fun=None, **jit_kwargs):
+    """jax.jit(fun, **jit_kwargs) compiled with ONCE_CPU where it is called
+    at the top level on a CPU; inside a trace (a user's jit, grad, vmap, or
+    a jfmm program calling it) and on other backends, the plain jit. Use as
+    @once or @once(static_argnums=...)."""
+    if fun is None:
+        return functools.partial(once, **jit_kwargs)
+    plain = jax.jit(fun, **jit_kwargs)
+    lean = jax.jit(fun, compiler_options=ONCE_CPU, **jit_kwargs)
+
+    @functools.wraps(fun)
+    def call(*args, **kwargs):
+        if _once_cpu[0] and not _compat.tracing() and jax.default_backend() == "cpu":
+            try:
+                return lean(*args, **kwargs)
+            except jax.errors.JaxRuntimeError as e:      # a jaxlib without the option
+                if "compile option" not in str(e):
+                    raise
+                _once_cpu[0] = False
+        return plain(*args, **kwargs)
+
+    return call

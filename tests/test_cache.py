@@ -77,3 +77,30 @@ def test_triton_gemm_default_follows_the_environment(case, flags, expected):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == expected
+
+
+def test_once_compiles_lean_at_the_top_and_plainly_inside_traces(monkeypatch):
+    """`_xla.once`: a top-level CPU call compiles with ONCE_CPU, a call
+    inside jit, grad or vmap with the plain jit (jax refuses compiler
+    options on nested jits), and an option this jaxlib refuses falls back
+    to the plain jit for good; every route gives the function's values."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jfmm import _xla
+
+    f = _xla.once(lambda x, k: jnp.sin(x) * k, static_argnums=(1,))
+    x = jnp.linspace(0.0, 1.0, 5)
+    want = np.sin(np.linspace(0.0, 1.0, 5)) * 3
+    np.testing.assert_allclose(f(x, 3), want, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda x: f(x, 3))(x), want, rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(lambda x: f(x, 3))(x[:, None])[:, 0], want, rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda x: f(x, 3).sum())(x), 3 * np.cos(np.asarray(x)),
+                               rtol=1e-6)
+    monkeypatch.setattr(_xla, "ONCE_CPU", {"xla_cpu_no_such_option": True})
+    monkeypatch.setattr(_xla, "_once_cpu", [True])
+    g = _xla.once(lambda x: 2 * x)
+    np.testing.assert_allclose(jax.jit(g)(x), 2 * np.asarray(x))
+    assert _xla._once_cpu == [True]                 # nested: the option never tried
+    np.testing.assert_allclose(g(x), 2 * np.asarray(x))
+    assert _xla._once_cpu == [False]

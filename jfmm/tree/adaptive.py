@@ -88,6 +88,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jfmm import _xla
 from jfmm.tree import lists, tiles
 from jfmm.tree.uniform import root_box
 
@@ -457,7 +458,7 @@ def _morton_order(q, levels: int):
     return perm
 
 
-@jax.jit
+@_xla.once
 def _root_state(sources, targets):
     """The root box, the Morton order of sources then targets (P,) and
     level 0's state for `_level_step` (the points in that order)."""
@@ -473,10 +474,10 @@ def _root_state(sources, targets):
                             jnp.ones(1, bool), root_coll[None], jnp.zeros((1, 3 ** d), bool))
 
 
-_step = jax.jit(_level_step, static_argnums=(2, 3))     # one program a level outside jit
+_step = _xla.once(_level_step, static_argnums=(2, 3))     # one program a level outside jit
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
+@_xla.once(static_argnums=(1,))
 def _padded(level_state, size: int):
     """A level's (valid, colleagues, gap) with slots up to `size` (invalid
     boxes; the sentinel moved to size)."""
@@ -488,7 +489,7 @@ def _padded(level_state, size: int):
             jnp.concatenate([gap, jnp.zeros((size - cap, gap.shape[1]), bool)]))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+@_xla.once(static_argnums=(1, 2))
 def _level_counts(state, leaf_size: int, size: int):
     """The boxes each level below the root needs for these points
     (MAX_LEVEL + 1,) int32, from every level's step with `size` slots in
@@ -636,7 +637,7 @@ def build(sources, targets, leaf_size: int, caps: Capacities, scan: bool = False
     return tree if caps.w is None else work_lists(tree, caps)
 
 
-build_jit = jax.jit(build, static_argnums=(2, 3, 4))
+build_jit = _xla.once(build, static_argnums=(2, 3, 4))
 
 
 def _levels(state, leaf_size: int, levels: tuple, leaf_of, bounded: bool, scan: bool):
@@ -686,7 +687,7 @@ def _levels(state, leaf_size: int, levels: tuple, leaf_of, bounded: bool, scan: 
     return steps, leaf_of, jnp.zeros((), bool) if bounded else jnp.any(short)
 
 
-@jax.jit
+@_xla.once
 def _settle(leaf_of, box, split, offset):
     """leaf_of with the points whose level box did not split set to it."""
     settled = (box >= 0) & ~split[jnp.maximum(box, 0)]
@@ -746,7 +747,7 @@ def _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size: i
     return dataclasses.replace(tree, near=near_lists(tree))
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
+@_xla.once(static_argnums=(1,))
 def work_lists(tree: AdaptiveTree, caps: Capacities) -> AdaptiveTree:
     """The tree with its W and X work lists of caps.w and caps.x entries
     (`far_pairs`) and its busy blocks (`busy_blocks`), `overflow` set
@@ -954,7 +955,7 @@ def busy_blocks(tree: AdaptiveTree, start, caps: tuple):
     return out, jnp.any(count > caps)
 
 
-@jax.jit
+@_xla.once
 def _work_counts(tree: AdaptiveTree):
     """The W and X work lists' lengths and the busy blocks per level
     (depth + 1,) for targets and sources."""
