@@ -268,12 +268,18 @@ def adaptive_leaf(config: Config, sources, targets) -> int:
     return max(8, factor * -(-count // 2 ** (sources.shape[1] * config.depth)))
 
 
-@functools.lru_cache(maxsize=None)
-def _cube_share(dim: int, depth: int) -> float:
-    """The far field's share of sum 1/r^2 on evenly spread points (a fixed
-    draw of 16,384 in the unit cube) on the uniform tree of `depth`."""
-    x = jnp.asarray(np.random.default_rng(0).random((16384, dim)), jnp.float32)
-    return float(eager(laplace3d_model.far_share, x, None, depth))
+# The far field's share of sum 1/r^2 (`laplace3d.far_share`) on evenly
+# spread points, per depth of the uniform tree from 2: a fixed draw of
+# 16,384 points in the unit cube (numpy's default_rng(0).random((16384,
+# 3)), float32); 1 from depth 8 on, where that draw's leaves hold a point
+# or two. A table, because computing it compiled far_share once per depth
+# (0.43 s each on the 2-core CPU) in every first call of a process.
+CUBE_SHARE = (0.27483356, 0.57484913, 0.77093321, 0.88599855, 0.94966048, 0.98385388)
+
+
+def cube_share(depth: int) -> float:
+    """`CUBE_SHARE` at `depth` (>= 2)."""
+    return CUBE_SHARE[depth - 2] if depth - 2 < len(CUBE_SHARE) else 1.0
 
 
 def on_uniform(config: Config, kernel, sources, targets, order=None,
@@ -298,7 +304,7 @@ def on_uniform(config: Config, kernel, sources, targets, order=None,
 
     def order_at(depth):
         share = float(eager(laplace3d_model.far_share, sources, targets, depth))
-        far = laplace3d_model.far_factor(share, _cube_share(dim, depth))
+        far = laplace3d_model.far_factor(share, cube_share(depth))
         return min(config.order, laplace3d_model.order_for_eps(
             config.eps, sources.dtype, (n_src * n_tgt) ** 0.5, config.gradient, far))
 

@@ -71,6 +71,17 @@ def test_far_share_is_not_carried_by_a_few_close_pairs(rng):
     assert share(x) == pytest.approx(before, rel=0.2)
 
 
+def test_cube_share_table_is_far_share_of_its_draw():
+    """`configure.CUBE_SHARE` is `far_share` of the draw it names, at the
+    depths of small and large trees, and 1 past its end."""
+    x = jnp.asarray(np.random.default_rng(0).random((16384, 3)), jnp.float32)
+    for depth in (2, 4, 7):
+        share = float(laplace3d_model.far_share(x, None, depth))
+        assert configure.cube_share(depth) == pytest.approx(share, rel=1e-6)
+    assert float(laplace3d_model.far_share(x, None, 8)) == pytest.approx(1.0, abs=1e-6)
+    assert configure.cube_share(9) == 1.0
+
+
 def test_overrides_are_kept_and_checked(rng):
     x = jnp.asarray(points("cube", 2000, rng))
     assert resolve(x, K.Laplace3D(), order=7).order == 7
