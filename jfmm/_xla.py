@@ -1,6 +1,6 @@
 """How jfmm's programs compile: XLA's GPU matrix products as cuBLAS calls,
 on by default for jfmm's users; on a CPU, the programs that run once per
-point set without XLA's fusion emitters (`once`).
+point set or order without XLA's fusion emitters (`once`).
 
 XLA autotunes each matrix product of a GPU program over Triton kernel
 configurations when it compiles; the FMM's many translation products made
@@ -42,12 +42,14 @@ def enable() -> bool:
     return True
 
 
-# A CPU compiles the programs that run once per point set (an adaptive
-# tree's sizing, build and work lists) without XLA's fusion emitters: its
-# fusions then compile in less time and run in about the same. 2-core CPU,
-# jaxlib 0.10.2, 2^16 Plummer points, the first eager jfmm.fmm: XLA time
-# of the tree's programs 3.9 -> 2.8 s (docs/BENCHMARKS.md). The passes keep
-# them: without, the cube's repeated sum ran 1.5 -> 1.86 s.
+# A CPU compiles the programs that run once per point set or order (the
+# trees' sizing, builds and work lists, the crowding check, the
+# translation operators) without XLA's fusion emitters: they then compile
+# in less time and run as fast. 2-core CPU, jaxlib 0.10.2, 2^16 points,
+# float64, first eager jfmm.fmm, XLA time of these programs: Plummer's
+# adaptive tree 3.9 -> 2.7 s, the cube's build, crowding and operators
+# 0.9 -> 0.55 s. Not the passes, whose sums ran 1.5 -> 1.86 s on the cube
+# without them, nor `far_share` (0.36 -> 0.48 s to compile without).
 ONCE_CPU = {"xla_cpu_use_fusion_emitters": False}
 _once_cpu = [True]                      # until a jaxlib refuses the option
 

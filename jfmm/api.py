@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm import _compat
+from jfmm import _compat, _xla
 from jfmm import configure as _configure
 from jfmm import distributed as _distributed
 from jfmm import inputs as _inputs
@@ -574,7 +574,7 @@ def _apply(plan_, charges, gradient, mode):
 
 
 _apply_jits = backend.jits(_apply, ("gradient", "mode"))
-_build_jit = jax.jit(_tree.build, static_argnames=("depth",))
+_build_jit = _xla.once(_tree.build, static_argnames=("depth",))
 _adaptive_jit = _adaptive.build_jit
 
 

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jfmm import _xla
 from jfmm.ops import translate
 from jfmm.tree import lists
 
@@ -399,7 +400,7 @@ def operators(p: int, m2l_offsets: np.ndarray, dtype) -> Operators:
     return _operators(p, jnp.asarray(m2l_offsets), dtype, unstored)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+@_xla.once(static_argnums=(0, 2, 3))
 def _operators(p: int, m2l_offsets, dtype, unstored: bool) -> Operators:
     work = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
     d = jnp.asarray((lists.child_bits(DIM) - 0.5) / 2.0, work)  # child centre - parent centre, in parent sides

@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jfmm import _xla
 from jfmm.tree import morton
 
 
@@ -164,7 +165,7 @@ def build(sources, targets, depth: int) -> Tree:
     return Tree(lo, side, *src, *tgt, finite, depth=depth, dim=d, shared=targets is None)
 
 
-@functools.partial(jax.jit, static_argnames=("depth",))
+@_xla.once(static_argnames=("depth",))
 def crowding(sources, targets, depth: int):
     """How much more near-field work the uniform tree of `depth` does on
     these points than on uniform ones: the pairs of targets and sources in
