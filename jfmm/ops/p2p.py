@@ -10,7 +10,6 @@ is sized by the data.
 """
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 
