@@ -782,14 +782,14 @@ PAIRS_POWER = {"laplace3d": lambda dim: 3, "laplace2d": lambda dim: 3,
 # jitted: linear 619 ms, cubic 602, multiquadric 595, inverse quadratic
 # 530, quintic 712, inverse multiquadric 1,015, thin-plate spline 1,980,
 # Gaussian 2,266; in another run linear 564, the vortex cores
-# Rosenhead-Moore 923 and Winckelmans 1,106). The crossover's pairs scale as 1 / cost against the
-# cost of the kernel an entry was measured with: at these sizes much of
-# the FMM's time does not depend on the kernel (its far field at a fixed
-# depth), so the direct sum's N scales as 1 / sqrt(cost). Measured: the
-# thin-plate spline's direct sum beat the order-8 plan at 12,000 points
-# (675 against 876 ms) and lost at 20,000 (1,980 against 1,483), about
-# 2^28 pairs against the linear kernel's 2^29.8. Kernels not listed cost
-# what that kernel does.
+# Rosenhead-Moore 923 and Winckelmans 1,106). The crossover's pairs scale
+# as 1 / cost against the cost of the kernel an entry was measured with:
+# at these sizes much of the FMM's time does not depend on the kernel (its
+# far field at a fixed depth), so the direct sum's N scales as
+# 1 / sqrt(cost). Measured: the thin-plate spline's direct sum beat the
+# order-8 plan at 12,000 points (675 against 876 ms) and lost at 20,000
+# (1,980 against 1,483), about 2^28 pairs against the linear kernel's
+# 2^29.8. Kernels not listed cost what that kernel does.
 PAIR_COST = {"cpu": {"float64": {"Linear": 1.0, "Cubic": 0.97, "Multiquadric": 0.96,
                                  "InverseQuadratic": 0.86, "Quintic": 1.15,
                                  "InverseMultiquadric": 1.64, "ThinPlateSpline": 3.2,
