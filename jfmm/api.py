@@ -606,9 +606,9 @@ def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None
     """The plan of a configuration: its tree (an adaptive one sized from
     these concrete points, and the order for it, or with bounded: the
     tree of traced points) and operators. A plan keeps one family: of a
-    configuration with a fallback (traced points), the fallback, which
-    serves every extent."""
-    config = config.fallback or config
+    configuration with a fallback (traced points), the last of its chain
+    (`Config.last`), which serves every extent."""
+    config = config.last
     concrete = all(_configure.concrete(x) for x in (sources, targets) if x is not None)
     if config.tree == "adaptive" and (bounded or not concrete):
         # Capacities from the shapes; traced points' order was chosen for them.

@@ -96,10 +96,14 @@ class Config:
     for the caller's beyond a distance (`Kernel.laplace_beyond`), that
     distance: leaves must be at least as large (uniform trees only; a
     plan's points that break it give NaN); fallback: for traced points
-    with a reach, the configuration (the direct sum) for points whose
-    leaves come out smaller than the reach (`jfmm.api` chooses at run
-    time, `series_fit`), or for traced points on an adaptive tree the
+    with a reach, the configuration for points whose leaves come out
+    smaller than the reach or whose ratio below `ratio` (the series at a
+    lower ratio, or the direct sum; `jfmm.api` chooses at run time,
+    `series_fit`), or for traced points on an adaptive tree the
     uniform configuration for points that do not crowd it (`crowded`);
+    ratio: for traced points with a reach, the ratio of the sums' norms
+    (`core_ratio`) the order was chosen for: the series sum the points
+    only where theirs is no smaller (`series_fit`);
     check: the Chebyshev estimate at this order, with
     which the sums check their own charges (`models.chebyshev.ChargeCheck`;
     None for other families and a caller's order; jitted sums take it as
@@ -114,6 +118,7 @@ class Config:
     mesh: object = None
     reach: float = 0.0
     fallback: Config | None = None
+    ratio: float = 0.0
     check: object = None
 
     def with_mesh(self, mesh) -> Config:
@@ -138,6 +143,12 @@ class Config:
     def name(self) -> str:
         """The family's name, or "near"."""
         return "near" if self.family is None else self.family.NAME
+
+    @property
+    def last(self) -> Config:
+        """The configuration at the end of the fallback chain: the one
+        that serves every extent of the points."""
+        return self if self.fallback is None else self.fallback.last
 
     def operators(self, dim: int, dtype):
         """The family's translation operators at this order, or None (near
@@ -462,8 +473,15 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
 # smaller than 1/r's near it, so the series' absolute error is a larger
 # share of them: the series run at eps times the ratio of the sums' norms
 # (`core_ratio`). Traced points assume CORE_RATIO, and the series sum them
-# only where their own ratio is no smaller (else all pairs, `fallback`).
+# only where their own ratio is no smaller. Below it, where all pairs
+# would number at least SERIES_FALLBACK_PAIRS, the series at LOW_RATIO
+# (about three orders more) take them: crowded points' ratios fall as they
+# grow (two vortex rings of 2^15, 2^18 and 2^20 elements in filaments,
+# core 0.02: 0.24, 0.09-0.15, 0.017), and all pairs of 2^18 cost 10x the
+# series (H200, float64, stretching: 1,573 ms against 154). Else all pairs.
 CORE_RATIO = 0.1
+LOW_RATIO = 0.01
+SERIES_FALLBACK_PAIRS = 2 ** 32
 _RATIO_TARGETS = 256
 
 
@@ -489,9 +507,10 @@ def _core_config(kernel, eps: float, order, gradient: bool, sources, targets,
     field holds every pair the series would get wrong: points known at
     trace time (concrete, or under eager autodiff) take fewer levels where
     their leaves would be smaller (at depth < 2 all pairs are near);
-    traced points keep the depth, and are summed directly where their
-    leaves or ratio turn out smaller (`series_fit`; Chebyshev's
-    interpolation errs across the compact core's kink)."""
+    traced points keep the depth, and where their leaves or ratio turn out
+    smaller take the series at a lower ratio or all pairs (`_traced_core`,
+    `series_fit`; Chebyshev's interpolation errs across the compact core's
+    kink)."""
     dim, dtype = sources.shape[1], sources.dtype
     reach = kernel.laplace_beyond(0.1 * eps)
     pts = [known_value(x) for x in (sources, targets) if x is not None]
@@ -505,16 +524,34 @@ def _core_config(kernel, eps: float, order, gradient: bool, sources, targets,
         choice = chebyshev_model.choose(kernel, eps, dtype, points, None, gradient)
         return Config(chebyshev_family(dim), choice.order, choice.depth, eps, gradient,
                       check=choice.check)
+    if not known:
+        return _traced_core(kernel, eps, dtype, points, order, gradient, reach)
     choice = laplace3d_model.choose(kernel, eps * ratio, dtype, points, order, gradient)
     depth = choice.depth
-    if not known:
-        return Config(laplace3d, choice.order, depth, eps, gradient, reach=reach,
-                      fallback=Config(None, 1, 0, eps))
     with jax.ensure_compile_time_eval():
         side = float(_tree.root_box(jnp.concatenate(pts))[1])
     while depth >= 2 and side / 2 ** depth < reach:
         depth -= 1
     return Config(laplace3d, choice.order, depth, eps, gradient, reach=reach)
+
+
+def _traced_core(kernel, eps: float, dtype, points: Points, order, gradient: bool,
+                 reach: float) -> Config:
+    """`_core_config` of traced points: the series at eps times CORE_RATIO,
+    falling back (`series_fit`) to the series at LOW_RATIO where all pairs
+    would number SERIES_FALLBACK_PAIRS or more and the family reaches it
+    (no caller's order), then to all pairs. Each series at the depth its
+    order takes for the count."""
+    fallback = Config(None, 1, 0, eps)
+    ratios = [CORE_RATIO]
+    if (order is None and points.n_src * points.n_tgt >= SERIES_FALLBACK_PAIRS
+            and eps * LOW_RATIO >= laplace3d_model.EPS_FLOOR[jnp.dtype(dtype).name]):
+        ratios.append(LOW_RATIO)
+    for ratio in reversed(ratios):
+        choice = laplace3d_model.choose(kernel, eps * ratio, dtype, points, order, gradient)
+        fallback = Config(laplace3d, choice.order, choice.depth, eps, gradient, reach=reach,
+                          fallback=fallback, ratio=ratio)
+    return fallback
 
 
 # Traced points are judged by at most this many of them (`crowded`).
@@ -550,11 +587,11 @@ def series_fit(config: Config, kernel, sources, targets):
     """Whether a configuration with a fallback sums these (traced) points
     with its series: the uniform tree of its depth has leaves no smaller
     than its reach (the root box is the tree's), and their `core_ratio`
-    is at least CORE_RATIO. A traced bool."""
+    is at least the configuration's ratio. A traced bool."""
     both = sources if targets is None else jnp.concatenate([sources, targets])
     leaves = jax.lax.stop_gradient(_tree.root_box(both)[1]) / 2 ** config.depth
     return (leaves >= config.reach) & (core_ratio(kernel, sources, targets, config.gradient)
-                                       >= CORE_RATIO)
+                                       >= config.ratio)
 
 
 def _sampled(kernel, dim: int, order, family: str) -> bool:

@@ -125,6 +125,47 @@ def test_cores_beyond_which_the_kernel_is_laplace(rng):
         jfmm.plan(x, None, kernel, eps, tree="adaptive")
 
 
+def test_traced_cores_below_the_ratio_take_the_lower_ratio_series(rng, monkeypatch):
+    """Traced points whose sums' norms fall below CORE_RATIO times 1/r's
+    take the series at LOW_RATIO where all pairs would be many (here made
+    "many" at any count), all pairs below that: each within eps."""
+    from jfmm import configure
+    monkeypatch.setattr(configure, "SERIES_FALLBACK_PAIRS", 0)
+    core, eps = 0.01, 1e-4
+    kernel = vortex.stream_kernel("polynomial", core)
+    g = (np.arange(8) + 0.5) / 8
+    cells = np.stack(np.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)[:500]
+    a = rng.standard_normal((500, 3))
+    traced = jax.jit(lambda y: vortex.velocity(y, a, core=core, smoothing="polynomial",
+                                               eps=eps, leaf_size=16))
+
+    def twins(distance):
+        """A jittered lattice (no two points within 0.019) whose first 100
+        points have a twin `distance` away, inside the core."""
+        x = 0.35 + 0.3 * (cells + (rng.random((500, 3)) - 0.5) / 16)
+        d = rng.standard_normal((50, 3))
+        x[1:100:2] = x[0:100:2] + distance * d / np.linalg.norm(d, axis=1, keepdims=True)
+        return x
+
+    for distance, lo, hi, ratios in [(2e-3, 1e-13, eps, (0.01, 0.1)),    # the lower series
+                                     (5e-4, 0.0, 1e-12, (0.0, 0.01))]:    # all pairs
+        x = twins(distance)
+        ratio = float(configure.core_ratio(kernel, x, None, True))
+        assert ratios[0] <= ratio < ratios[1], ratio
+        err = rel(traced(x), biot_savart(x, a, x, "polynomial", core)[0])
+        assert lo < err < hi, (distance, ratio, err)
+    # the chain: series at CORE_RATIO, then LOW_RATIO at a higher order, then all pairs
+    made = []
+    jax.eval_shape(lambda y: made.append(configure.resolve(y, None, kernel, eps, 16, None,
+                                                           "auto")), cells)
+    config, chain = made[0], []
+    while config is not None:
+        chain.append((config.ratio, config.order, config.family is None))
+        config = config.fallback
+    assert [c[0] for c in chain] == [configure.CORE_RATIO, configure.LOW_RATIO, 0.0]
+    assert chain[1][1] > chain[0][1] and chain[2][2], chain
+
+
 def test_second_derivatives_take_the_fmm_above_their_crossover(rng, monkeypatch):
     """Where `jfmm.fmm` would sum all pairs, second derivatives from
     _SECOND_PAIRS pairs on take the FMM on leaves of _SECOND_LEAF points
