@@ -40,8 +40,10 @@ no smaller than R, at eps times the ratio of the sums' norms to 1/r's
 (`jfmm.configure.core_ratio`: a core makes them smaller). Points known
 when the sum is set up take fewer levels where needed and their own
 ratio; for traced points (`step` under jit) the series assume a ratio of
-0.1, and all pairs are summed directly where the leaves come out smaller
-than R or the ratio smaller (`jfmm.configure.series_fit`; both are
+0.1; where the points' ratio is smaller, series at a ratio of 0.01 sum
+them (where all pairs would number 2^32 or more: crowded elements' ratios
+fall as they grow), and all pairs where the leaves come out smaller than
+R or the ratio smaller still (`jfmm.configure.series_fit`; each is
 compiled).
 Pairs at distance 0 are left out: the singular law's self
 term, and a smoothed core's own term, which is 0 for u and, in the velocity
