@@ -234,18 +234,35 @@ _SECOND = 5.0
 # 17.4 ms at depth 3 against 26.5 over all pairs (leaves of 4-16 points,
 # depth 4: 39.6 ms).
 _SECOND_PAIRS, _SECOND_LEAF = 2 ** 28, 32
+# Above the crossover the series' leaves are _SECOND_WEIGHT times smaller
+# than a gradient's (`laplace3d.leaf_size` of the order): their near field
+# runs twice (the gradient and its derivative) against one far field. H200,
+# float64, eps 1e-6, compact core 0.02, stretching of 2^18 elements, depth
+# 4 against the gradient's 3: rings 126 against 155 ms, a cube 89 against
+# 116.
+_SECOND_WEIGHT = 2.5
 
 
 def _second_leaf(leaf_size, kernel, eps, sources, targets):
     """The leaf size of a second-derivative sum: the caller's, or
     _SECOND_LEAF where `jfmm.fmm` would sum at least _SECOND_PAIRS pairs
-    directly."""
+    directly, or for the 3D Laplace series the leaf of its order over
+    _SECOND_WEIGHT."""
     n, m = sources.shape[0], (sources if targets is None else targets).shape[0]
     if leaf_size is not None or n * m < _SECOND_PAIRS:
         return leaf_size
     eps_ = configure.default_eps(kernel, 3, sources.dtype) if eps is None else eps
-    return _SECOND_LEAF if configure.below_crossover(kernel, 3, sources.dtype, n, m, eps_) \
-        else None
+    if configure.below_crossover(kernel, 3, sources.dtype, n, m, eps_):
+        return _SECOND_LEAF
+    made = []                           # the configuration of traced points of these shapes
+    try:
+        jax.eval_shape(lambda s, t: made.append(configure.resolve(s, t, kernel, eps_, None, None,
+                                                                  "auto")), sources, targets)
+    except ValueError:                  # the sum raises it, or retries (`_grad_psi`)
+        return None
+    if made[0].family is not configure.laplace3d:
+        return None
+    return max(1, round(configure.laplace3d_model.leaf_size(made[0].order) / _SECOND_WEIGHT))
 
 
 def _second(eps, kernel, dtype, dim=3):

@@ -189,6 +189,35 @@ def test_second_derivatives_take_the_fmm_above_their_crossover(rng, monkeypatch)
     assert rel(u, ref_u) < eps and rel(s, np.einsum("mij,mj->mi", ref_du, a)) < eps
 
 
+def test_second_derivatives_above_the_crossover_take_smaller_leaves(rng, monkeypatch):
+    """Above `jfmm.fmm`'s crossover, second derivatives on the 3D Laplace
+    series take leaves _SECOND_WEIGHT times smaller than its order's (their
+    near field runs twice), within eps of Biot-Savart; Chebyshev cores keep
+    the family's own."""
+    from jfmm import configure
+    from jfmm.models import laplace3d as model
+    n, eps, core = 3000, 1e-5, 0.02
+    x, a = 0.1 * rng.random((n, 3)), rng.standard_normal((n, 3)) / n
+    monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {("laplace3d", 3, "float64"):
+                                                            (2 ** 10, 1e-6, 13)}})
+    monkeypatch.setattr(vortex, "_SECOND_PAIRS", 2 ** 10)
+    chosen = []
+    resolve = configure.resolve
+    monkeypatch.setattr(configure, "resolve",
+                        lambda *args, **kw: chosen.append(resolve(*args, **kw)) or chosen[-1])
+    second = vortex._second(eps, vortex.stream_kernel("polynomial", core), jnp.float64)
+    leaf = vortex._second_leaf(None, vortex.stream_kernel("polynomial", core), second,
+                               jnp.asarray(x), None)
+    assert leaf == round(model.leaf_size(chosen[-1].order) / vortex._SECOND_WEIGHT)
+    assert leaf < model.leaf_size(chosen[-1].order) / 2
+    u, s = vortex.stretching(x, a, core=core, smoothing="polynomial", eps=eps)
+    assert any(c.name == "laplace3d" and c.depth >= 2 for c in chosen)
+    ref_u, ref_du = biot_savart(x, a, x, "polynomial", core)
+    assert rel(u, ref_u) < eps and rel(s, np.einsum("mij,mj->mi", ref_du, a)) < eps
+    assert vortex._second_leaf(None, vortex.stream_kernel("rosenhead_moore", core), second,
+                               jnp.asarray(x), None) is None
+
+
 def test_gaussian_core_reach():
     """Beyond its reach the Gaussian core's G, G' and G'' are 1/r's to the
     tolerance asked (float64 against the closed forms)."""
