@@ -52,7 +52,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jfmm import passes
 from jfmm._compat import Tracer
 from jfmm.ops import backend
-from jfmm.tree import Tree, adaptive, lists
+from jfmm.tree import Tree, adaptive, lists, tiles
 
 
 def check_mesh(mesh) -> Mesh:
@@ -209,10 +209,9 @@ def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config,
         mult = passes.adaptive_upward(mine, q, family, ops, p, side, mode, combine=combine)
         window = functools.partial(_window_blocks, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
         # Each device takes a window of the W and X work lists over all points.
-        share = dataclasses.replace(tree, w_tile=_window(tree.w_tile, me, n_dev),
-                                    w_pos=_window(tree.w_pos, me, n_dev),
-                                    x_tile=_window(tree.x_tile, me, n_dev),
-                                    x_pos=_window(tree.x_pos, me, n_dev))
+        win = functools.partial(_window, me=me, n_dev=n_dev, bounded=tree.caps.bounded)
+        share = dataclasses.replace(tree, w_tile=win(tree.w_tile), w_pos=win(tree.w_pos),
+                                    x_tile=win(tree.x_tile), x_pos=win(tree.x_pos))
         loc = passes.adaptive_downward(share, mult, q_all, family, ops, kernel, p, mode,
                                        m2l=window, combine=combine)
         coef = family.l2p_coefficients(loc, p, gradient)
@@ -225,10 +224,13 @@ def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config,
     return _outputs((phi, grad), gradient)
 
 
-def _window(work, me, n_dev: int):
+def _window(work, me, n_dev: int, bounded: bool):
     """Device me's equal share of a work list (W, X), padded with entries
-    past every tile (dead ones)."""
+    past every tile (dead ones); on a bounded tree a multiple of the chunks
+    its loop takes (`adaptive.far_chunk`)."""
     width = -(-work.shape[0] // n_dev)
+    while bounded and width % adaptive.far_chunk(width):
+        width = tiles.round_up(width, adaptive.far_chunk(width))
     padded = jnp.concatenate([work, jnp.full((n_dev * width - work.shape[0],),
                                              jnp.iinfo(jnp.int32).max, work.dtype)])
     return jax.lax.dynamic_slice_in_dim(padded, me * width, width)

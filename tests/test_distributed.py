@@ -190,6 +190,25 @@ def test_jit_update_and_placement(rng):
                reference(x, q)[0]) < 1e-6
 
 
+def test_work_list_windows():
+    """Each device's window of a bounded tree's W or X list is a whole
+    number of the chunks its loop takes (`adaptive.far_chunk`; a traced
+    tree='adaptive' call on 3 devices failed there), and the windows
+    together hold the list in order, dead entries after it."""
+    from jfmm import distributed
+    from jfmm.tree import adaptive
+    for length, n_dev in [(513024, 3), (4096, 4), (1000, 3), (24, 2)]:
+        work = jnp.arange(length, dtype=jnp.int32)
+        wins = [np.asarray(distributed._window(work, me, n_dev, True)) for me in range(n_dev)]
+        width = wins[0].shape[0]
+        assert width % adaptive.far_chunk(width) == 0 and width * n_dev >= length
+        joined = np.concatenate(wins)
+        assert np.array_equal(joined[:length], np.arange(length))
+        assert np.all(joined[length:] == np.iinfo(np.int32).max)
+    # unbounded trees run the whole window at once: no more padding than needed
+    assert distributed._window(jnp.arange(1000, dtype=jnp.int32), 0, 3, False).shape[0] == 334
+
+
 def test_pallas_kernels_in_shards(rng):
     """The Pallas near field, P2M and L2P (interpreted) inside the shards."""
     n = 601
