@@ -97,7 +97,7 @@ class Config:
     distance: leaves must be at least as large (uniform trees only; a
     plan's points that break it give NaN); fallback: for traced points
     with a reach, the configuration for points whose leaves come out
-    smaller than the reach or whose ratio below `ratio` (the series at a
+    smaller than the reach or whose ratio is below `ratio` (the series at a
     lower ratio, or the direct sum; `jfmm.api` chooses at run time,
     `series_fit`), or for traced points on an adaptive tree the
     uniform configuration for points that do not crowd it (`crowded`);
