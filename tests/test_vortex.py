@@ -196,7 +196,7 @@ def test_second_derivatives_above_the_crossover_take_smaller_leaves(rng, monkeyp
     the family's own."""
     from jfmm import configure
     from jfmm.models import laplace3d as model
-    n, eps, core = 2400, 1e-5, 0.02
+    n, eps, core = 1200, 1e-4, 0.02
     x, a = 0.1 * rng.random((n, 3)), rng.standard_normal((n, 3)) / n
     monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {("laplace3d", 3, "float64"):
                                                             (2 ** 10, 1e-6, 13)}})
