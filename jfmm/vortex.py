@@ -67,6 +67,7 @@ from jfmm import api, configure
 from jfmm._compat import Tracer
 from jfmm.kernels import Kernel, Laplace2D, Laplace3D, _pytree_dataclass
 from jfmm.models import Unreachable
+from jfmm.models import laplace3d as laplace3d_model
 
 __all__ = ["CORES", "State", "energy", "impulse", "step", "stream_kernel", "stretching", "velocity",
            "velocity_2d"]
@@ -260,9 +261,9 @@ def _second_leaf(leaf_size, kernel, eps, sources, targets):
                                                                   "auto")), sources, targets)
     except ValueError:                  # the sum raises it, or retries (`_grad_psi`)
         return None
-    if made[0].family is not configure.laplace3d:
+    if made[0].name != "laplace3d":
         return None
-    return max(1, round(configure.laplace3d_model.leaf_size(made[0].order) / _SECOND_WEIGHT))
+    return max(1, round(laplace3d_model.leaf_size(made[0].order) / _SECOND_WEIGHT))
 
 
 def _second(eps, kernel, dtype, dim=3):
