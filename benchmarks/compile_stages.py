@@ -147,8 +147,9 @@ def pass_rows(args) -> list[dict]:
         "X lists, M2L, L2L": (lambda t, m, c, o: passes.adaptive_downward(
             t, m, c, fam, o, kern, p, mode), (t, mult, qs, ops)),
         "L2P": (l2p, (t, loc)),
-        "W lists": (lambda t, m: passes._far_list(t, "w", t.tgt_sorted.shape[0], lambda s: (
-            backend.far_m2p(fam, kern, s, m, p, True, mode))), (t, mult)),
+        "W lists": (lambda t, m: passes.w_lists(t, m, fam, kern, p, True, mode, (
+            jnp.zeros(t.tgt_sorted.shape[:1] + m.shape[1:2], m.dtype),
+            jnp.zeros(t.tgt_sorted.shape[:1] + m.shape[1:2] + (3,), m.dtype))), (t, mult)),
         "all passes": (lambda t, c, o: passes.adaptive_evaluate(t, c, kern, fam, o, p, True, mode),
                        (t, qs, ops)),
     }

@@ -166,25 +166,38 @@ def _blocks(tree: adaptive.AdaptiveTree, level: int, busy):
     return owner, jnp.where(first < total, (first - off) // ways, (end - off) // ways)
 
 
-def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f):
-    """f(tree) (a pytree of sums) over the W (name "w") or X ("x") work
-    list: at once, or on a bounded tree in chunks up to the list's count."""
+def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f, init):
+    """f(tree, acc) (a pytree of sums, the list's added to acc) over the W
+    (name "w") or X ("x") work list, from acc = init: at once, or on a
+    bounded tree in chunks up to the list's count, each adding into the
+    sums (not into a zeroed array of its own)."""
     if not tree.caps.bounded:
-        return f(tree)
+        return f(tree, init)
     tile, pos = getattr(tree, name + "_tile"), getattr(tree, name + "_pos")
     sentinel = tiles.tile_count(n_points, tree.n_boxes, adaptive.FAR_TILE)   # `far_tiles`
     count = jnp.sum(tile < sentinel, dtype=jnp.int32)
     chunk = adaptive.far_chunk(tile.shape[0])
 
-    def part(start):
+    def part(start, acc):
         cut = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk)   # noqa: E731
         return f(dataclasses.replace(tree, caps=tree.caps._replace(**{name: chunk}),
-                                     **{name + "_tile": cut(tile), name + "_pos": cut(pos)}))
+                                     **{name + "_tile": cut(tile), name + "_pos": cut(pos)}), acc)
 
-    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
-                                   jax.eval_shape(part, 0))
-    add = lambda start, acc: jax.tree_util.tree_map(jnp.add, acc, part(start))   # noqa: E731
-    return tiles.until(count, tile.shape[0], chunk, add, zeros)
+    return tiles.until(count, tile.shape[0], chunk, part, init)
+
+
+def x_lists(tree: adaptive.AdaptiveTree, q_sorted, family, kernel, p: int, into, mode: str):
+    """The X lists' P2L added to the locals `into` (B, K, P)."""
+    return _far_list(tree, "x", tree.src_sorted.shape[0], lambda t, acc: backend.far_p2l(
+        family, kernel, t, q_sorted, p, acc, mode), into)
+
+
+def w_lists(tree: adaptive.AdaptiveTree, mult, family, kernel, p: int, gradient: bool,
+            mode: str, into):
+    """The W lists' M2P of the multipoles mult (B, K, P) added to `into`,
+    (phi (M, K), grad (M, K, d) or None)."""
+    return _far_list(tree, "w", tree.tgt_sorted.shape[0], lambda t, acc: jax.tree_util.tree_map(
+        jnp.add, acc, backend.far_m2p(family, kernel, t, mult, p, gradient, mode)), into)
 
 
 def adaptive_upward(tree: adaptive.AdaptiveTree, q_sorted, family, ops, p: int, side,
@@ -210,8 +223,7 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
     m2l(grouped, cols, mats): `backend.m2l_blocks` in its place (a device's
     share of it, `jfmm.distributed`); combine: applied to the X lists'
     locals (see `upward`)."""
-    loc = _far_list(tree, "x", tree.src_sorted.shape[0],
-                    lambda t: backend.far_p2l(family, kernel, t, q_sorted, p, mult, mode))
+    loc = x_lists(tree, q_sorted, family, kernel, p, jnp.zeros_like(mult), mode)
     loc = loc if combine is None else combine(loc)
     ways, total = 2 ** tree.dim, tree.n_boxes
     levels = [lv for lv in range(2, tree.depth + 1) if tree.level_blocks(lv).shape[0]]
@@ -322,11 +334,8 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     coef = family.l2p_coefficients(loc, p, gradient)
     lphi, lgrad = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode,
                               busy)
-    wphi, wgrad = _far_list(tree, "w", tree.tgt_sorted.shape[0],
-                            lambda t: backend.far_m2p(family, kernel, t, mult, p, gradient, mode))
-    phi = phi + lphi + wphi
-    grad = grad + lgrad + wgrad if gradient else None
-    return phi, grad
+    return w_lists(tree, mult, family, kernel, p, gradient, mode,
+                   (phi + lphi, grad + lgrad if gradient else None))
 
 
 def caller_order(tree, phi, grad, gradient: bool, config: Config | None = None):

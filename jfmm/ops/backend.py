@@ -230,19 +230,30 @@ def far_m2p(family, kernel, tree, mult, p: int, gradient: bool, mode: str):
         return far.m2p(family, kernel, tree, mult, p, gradient)
     t0, t1, boxes = far.entries(tree, tree.w_tile, tree.w_pos, tree.tgt_start,
                                 tree.tgt_sorted.shape[0])
+    center, side = tree.center, tree.box_side(tree.level)
+    if boxes.size < tree.n_boxes:
+        # Fewer (entry, box) pairs than boxes (a bounded tree's chunk of
+        # the list): coefficient sets for those pairs alone, not every slot.
+        flat = boxes.reshape(-1)
+        real = flat < tree.n_boxes
+        ext = lambda a: jnp.concatenate([a, jnp.zeros((1,) + a.shape[1:], a.dtype)])  # noqa: E731
+        mult, center, side = ext(mult)[flat], ext(center)[flat], ext(side)[flat]
+        boxes = jnp.where(real, jnp.arange(flat.shape[0], dtype=flat.dtype),
+                          flat.shape[0]).reshape(boxes.shape)
     return pallas_far.m2p(tree.tgt_sorted, laplace3d.m2p_coefficients(mult, p, gradient),
-                          tree.center, tree.box_side(tree.level), (t0, t1), boxes, gradient,
+                          center, side, (t0, t1), boxes, gradient,
                           interpret=mode == "interpret")
 
 
-def far_p2l(family, kernel, tree, q_sorted, p: int, size_like, mode: str):
-    """`jfmm.ops.far.p2l` (the X list of an adaptive tree) on backend `mode`."""
+def far_p2l(family, kernel, tree, q_sorted, p: int, into, mode: str):
+    """`jfmm.ops.far.p2l` (the X list of an adaptive tree, added to the
+    locals `into`) on backend `mode`."""
     if not _far_twin(family, p, mode):
-        return far.p2l(family, kernel, tree, q_sorted, p, size_like)
+        return far.p2l(family, kernel, tree, q_sorted, p, into)
     t0, t1, boxes = far.entries(tree, tree.x_tile, tree.x_pos, tree.src_start,
                                 tree.src_sorted.shape[0])
     return pallas_far.p2l(tree.src_sorted, q_sorted, tree.center, tree.box_side(tree.level),
-                          (t0, t1), boxes, p, interpret=mode == "interpret")
+                          (t0, t1), boxes, p, into, interpret=mode == "interpret")
 
 
 def _family_twin(family, p: int, mode: str, max_order: int = PALLAS_MAX_ORDER):

@@ -113,10 +113,10 @@ def m2p(family, kernel, tree, mult, p: int, gradient: bool):
     return phi, grad
 
 
-def p2l(family, kernel, tree, q_sorted, p: int, size_like):
+def p2l(family, kernel, tree, q_sorted, p: int, into):
     """The X list: sorted charges q_sorted (N, K) added to the local
-    expansions of the boxes they are in the X list of. Returns (B, K, P)
-    (size_like: an expansion (…, P) whose P and dtype it takes)."""
+    expansions `into` (B, K, P) of the boxes they are in the X list of.
+    Returns the sums (B, K, P)."""
     total, d = tree.n_boxes, tree.dim
     n, k = q_sorted.shape
     pts, live, rows, boxes, centre, side = _entries(tree, tree.x_tile, tree.x_pos,
@@ -130,7 +130,6 @@ def p2l(family, kernel, tree, q_sorted, p: int, size_like):
         b = (b * ok.reshape(-1, 1).astype(b.dtype)).reshape(e, t, c, -1)
         return jnp.einsum("etcp,etk->eckp", b, q, precision=HIGHEST)
 
-    per_entry = adaptive.FAR_TILE * boxes.shape[1] * size_like.shape[-1]
+    per_entry = adaptive.FAR_TILE * boxes.shape[1] * into.shape[-1]
     loc = _chunked(one, (pts, live, boxes, centre, side, q), per_entry)
-    out = jnp.zeros((total + 1, k, loc.shape[-1]), loc.dtype)
-    return out.at[boxes.reshape(-1)].add(loc.reshape((-1, k, loc.shape[-1])))[:total]
+    return into.at[boxes.reshape(-1)].add(loc.reshape((-1, k, loc.shape[-1])), mode="drop")

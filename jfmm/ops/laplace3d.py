@@ -561,21 +561,41 @@ def m2p_coefficients(mult, p: int, gradient: bool):
     irregular harmonics of degree < p + gradient (Q of them): phi =
     sum_j c[0, j] T_j(u) / h and, with gradient (E = 4), d phi / d y_a =
     sum_j c[1 + a, j] T_j(u) / h^2 (the derivative tables of `m2p_basis`
-    applied to the multipoles instead of the harmonics)."""
+    applied to the multipoles instead of the harmonics: each derivative
+    coefficient gathers at most two multipole coefficients)."""
     w = jnp.asarray(_pair_weight(p) * _conj_sign(p), mult.dtype)
     m = mult * w
     if not gradient:
         return m[:, :, None, :]
     q = (p + 1) ** 2
-    idx, coef = _irregular_derivative_tables(p)
-    table = np.zeros((3, p * p, q + 1))
-    for a in range(3):
-        for k in range(idx.shape[2]):
-            np.add.at(table[a], (np.arange(p * p), idx[a, :, k]), coef[a, :, k])
-    d = jnp.einsum("bkp,apq->bkaq", m, jnp.asarray(table[:, :, :q], m.dtype),
-                   precision=jax.lax.Precision.HIGHEST)
+    idx, coef = _m2p_derivative_gathers(p)
+    mz = jnp.pad(m, ((0, 0), (0, 0), (0, 1)))                   # index p^2: zero
+    d = jnp.sum(mz[:, :, idx] * jnp.asarray(coef, m.dtype), axis=-1)    # (B, K, 3, Q)
     m = jnp.pad(m, ((0, 0), (0, 0), (0, q - p * p)))
     return jnp.concatenate([m[:, :, None, :], d], axis=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _m2p_derivative_gathers(p: int):
+    """`_irregular_derivative_tables` read the other way: the multipole
+    coefficients (3, Q, nnz) each derivative coefficient j gathers (p^2
+    where none) and their weights, Q = (p + 1)^2."""
+    fwd_idx, fwd_coef = _irregular_derivative_tables(p)
+    q = (p + 1) ** 2
+    terms = [[[] for _ in range(q)] for _ in range(3)]
+    for a in range(3):
+        for i in range(p * p):
+            for j, c in zip(fwd_idx[a, i], fwd_coef[a, i]):
+                if c != 0.0 and j < q:
+                    terms[a][j].append((i, c))
+    nnz = max(1, max(len(t) for ta in terms for t in ta))
+    idx = np.full((3, q, nnz), p * p, np.int32)
+    coef = np.zeros((3, q, nnz))
+    for a in range(3):
+        for j, t in enumerate(terms[a]):
+            for k, (i, c) in enumerate(t):
+                idx[a, j, k], coef[a, j, k] = i, c
+    return idx, coef
 
 
 def p2l_basis(kernel, v, h, p: int):

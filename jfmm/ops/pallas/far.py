@@ -117,8 +117,9 @@ def _p2l_kernel(meta_ref, u_ref, q_ref, geo_ref, out_ref, *, p: int, n_k: int, b
     jax.lax.fori_loop(0, boxes, one_box, 0)
 
 
-def p2l(sources, charges, center, side, tiles, boxes, p: int, interpret: bool = False):
-    """X-list P2L: (B, K, p^2) local coefficients the boxes get.
+def p2l(sources, charges, center, side, tiles, boxes, p: int, into, interpret: bool = False):
+    """X-list P2L: the local coefficients the boxes get, added to `into`
+    (B, K, p^2); returns the sums.
 
     sources (N, 3), charges (N, K) sorted; center (B, 3), side (B,); tiles:
     (t0, t1) per entry (FAR_TILE points); boxes: (E, C) the boxes each
@@ -136,9 +137,9 @@ def p2l(sources, charges, center, side, tiles, boxes, p: int, interpret: bool = 
         grid=(meta.shape[0],), interpret=interpret,
         compiler_params=compiler_params(NUM_WARPS, interpret),
     )(meta, p2p.pad_rows(sources, tile).T, p2p.pad_rows(charges, tile).T, _geometry(center, side))
-    loc = jnp.zeros((n_b + 1, n_k * p * p), out.dtype).at[boxes.reshape(-1)].add(
-        out.reshape(-1, n_k * p * p))
-    return loc[:n_b].reshape(n_b, n_k, p * p)
+    loc = into.reshape(n_b, n_k * p * p).at[boxes.reshape(-1)].add(
+        out.reshape(-1, n_k * p * p), mode="drop")
+    return loc.reshape(n_b, n_k, p * p)
 
 
 def _geometry(center, side):
