@@ -293,8 +293,10 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str, leaves: int | None = No
     """
     twin = _family_twin(family, p, mode)
     if twin is not None:
-        return tiles.in_steps(lambda *t: twin.p2m(u, q, start, p, mode == "interpret", tiles=t),
-                              start, u.shape[0], twin.TILE, leaves)
+        tile = twin.p2m_tile(u.shape[0], start.shape[0] - 2)
+        return tiles.in_steps(lambda *t: twin.p2m(u, q, start, p, mode == "interpret", tiles=t,
+                                                  tile=tile),
+                              start, u.shape[0], tile, leaves)
     n_leaves = start.shape[0] - 2
     out = jax.eval_shape(lambda: family.p2m(u[:1], q[:1], p))
     lo, hi = MATERIALIZE.get(out.dtype.name, (0, 0))

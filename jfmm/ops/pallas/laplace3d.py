@@ -28,6 +28,20 @@ NUM_WARPS = 1   # one warp: the P2M reductions stay within it (shuffles only)
 # it they run in loops over order m and degree n, whose compile time does
 # not grow with p (unrolled, p = 22 took 136-180 s to compile).
 UNROLLED_MAX = 16
+# P2M's tiles grow with the leaves, up to this many points: each tile's
+# K p^2 sums are added into its leaf's by a segment sum, whose colliding
+# adds cost more than the kernel where leaves span many tiles (H200,
+# 10^7 points at depth 5, p = 22, K = 3: 67 ms of a 715 ms call).
+P2M_TILE_MAX = 128
+
+
+def p2m_tile(n_points: int, n_leaves: int) -> int:
+    """P2M's tile: TILE, doubled while two tiles fit a mean leaf, at most
+    P2M_TILE_MAX."""
+    tile = TILE
+    while 2 * tile <= min(P2M_TILE_MAX, n_points / max(n_leaves, 1) / 2):
+        tile *= 2
+    return tile
 
 
 def _rolled_stream(u0, u1, u2, p: int, mad, use):
@@ -90,24 +104,24 @@ def _p2m_kernel(meta_ref, u_ref, q_ref, out_ref, *, p: int, n_k: int, tile: int,
             out_ref[i, k * p * p + j] = float(sign[j]) * jnp.sum(q[k] * y)
 
 
-def p2m(u, q, start, p: int, interpret: bool = False, tiles=None):
+def p2m(u, q, start, p: int, interpret: bool = False, tiles=None, tile: int = TILE):
     """Multipoles of the leaves: (n_leaves, K, p^2).
 
     u: (N, 3) sorted box-local scaled source positions; q: (N, K) sorted
     charges; start: (n_leaves + 2,) leaf ranges with an empty sentinel leaf;
-    tiles: (leaf, t0, t1) of the tiles to run (`leaf_tiles` with TILE), or
-    None for all.
+    tiles: (leaf, t0, t1) of the tiles to run (`leaf_tiles` with `tile`
+    points, `p2m_tile`), or None for all.
     """
     n, n_k = q.shape
     n_leaves = start.shape[0] - 2
-    leaf, t0, t1 = p2p.leaf_tiles(start, n, TILE) if tiles is None else tiles
+    leaf, t0, t1 = p2p.leaf_tiles(start, n, tile) if tiles is None else tiles
     meta = jnp.stack([t0, t1], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
-    body = functools.partial(_p2m_kernel, p=p, n_k=n_k, tile=TILE, interpret=interpret)
+    body = functools.partial(_p2m_kernel, p=p, n_k=n_k, tile=tile, interpret=interpret)
     per_tile = pl.pallas_call(
         body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_k * p * p), u.dtype), grid=(n_tiles,),
         interpret=interpret, compiler_params=compiler_params(NUM_WARPS, interpret),
-    )(meta, p2p.pad_rows(u, TILE).T, p2p.pad_rows(q, TILE).T)
+    )(meta, p2p.pad_rows(u, tile).T, p2p.pad_rows(q, tile).T)
     out = jax.ops.segment_sum(per_tile, leaf, n_leaves + 1, indices_are_sorted=True)
     return out[:n_leaves].reshape(n_leaves, n_k, p * p)
 

@@ -56,6 +56,21 @@ def test_p2m_l2p_match_jnp(kind, n_src, n_tgt, k, p, gradient, dtype, rolled, rn
         assert got[1] is None
 
 
+def test_p2m_tiles_grow_with_the_leaves(rng):
+    """Leaves of hundreds of points take P2M tiles of 128 (`p2m_tile`),
+    clustered ones spanning many tiles, some one or none; against the jnp
+    P2M, unrolled and rolled (high orders) alike."""
+    x = points("cluster", 2100, rng)
+    t = build(jnp.asarray(x), None, 1)
+    assert pallas_laplace3d.p2m_tile(2100, t.n_leaves) == 128
+    assert pallas_laplace3d.p2m_tile(2100, 64) == pallas_laplace3d.TILE
+    q = jnp.asarray(charges(2100, rng, 2))[t.src_perm]
+    u = (t.src_sorted - t.leaf_centers(t.src_leaf)) / t.box_side(t.depth)
+    for p in (5, pallas_laplace3d.UNROLLED_MAX + 1):
+        args = (L, u, q, t.src_start, t.src_leaf, p)
+        assert rel(backend.p2m(*args, "interpret"), backend.p2m(*args, "jnp")) < 1e-13
+
+
 @pytest.mark.parametrize("dtype,p", [("float32", 6), ("float64", 6), ("float64", 18)])
 def test_p2m_l2p_lower_to_triton(dtype, p):
     """The Pallas P2M and L2P lower for the cuda platform (checked on the
