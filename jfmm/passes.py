@@ -244,24 +244,38 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
     return loc
 
 
+# Where M2L's busy blocks run in chunks of FAR_CHUNK (large trees), those
+# past the last whole chunk run in chunks this many times smaller, not
+# padded to a whole one (H200, 2^20 Plummer points, float64: 1,706 busy
+# blocks ran as 2,048). Smaller trees keep one loop (one trace to compile).
+M2L_TAIL = 4
+
+
 def _busy_only(run, rows, busy, sentinel: int):
     """run(rows) (t 2^d, K, P) for the rows (t, 3^d) marked busy (t,)
     alone, zeros elsewhere: the busy rows gathered to the front and run in
-    chunks up to their count (`tiles.until`)."""
+    chunks up to their count (`tiles.until`), whole chunks and then a tail
+    of smaller ones (`M2L_TAIL`)."""
     t = rows.shape[0]
     chunk = adaptive.far_chunk(t)
+    tail = chunk // M2L_TAIL if chunk == adaptive.FAR_CHUNK else chunk
     size = -(-t // chunk) * chunk
     order, count = adaptive.first_true(busy, size)           # t where none
     packed = jnp.take(rows, order, axis=0, mode="fill", fill_value=sentinel)
     shape = jax.eval_shape(run, packed[:chunk])
     ways = shape.shape[0] // chunk
 
-    def part(start, acc):
-        got = run(jax.lax.dynamic_slice_in_dim(packed, start, chunk))
-        return jax.lax.dynamic_update_slice_in_dim(acc, got, start * ways, 0)
+    def part(width):
+        def body(start, acc):
+            got = run(jax.lax.dynamic_slice_in_dim(packed, start, width))
+            return jax.lax.dynamic_update_slice_in_dim(acc, got, start * ways, 0)
+        return body
 
-    out = tiles.until(count, size, chunk, part,
-                      jnp.zeros((size * ways,) + shape.shape[1:], shape.dtype))
+    out = jnp.zeros((size * ways,) + shape.shape[1:], shape.dtype)
+    whole = count // chunk * chunk if tail < chunk else count
+    out = tiles.until(whole, size, chunk, part(chunk), out)
+    if tail < chunk:
+        out = tiles.until(count, size, tail, part(tail), out, first=whole)
     dest = (order[:, None] * ways + jnp.arange(ways, dtype=order.dtype)).reshape(-1)
     return jnp.zeros((t * ways,) + shape.shape[1:], shape.dtype).at[dest].set(
         out, mode="drop", unique_indices=True)

@@ -272,6 +272,26 @@ def test_traced_points_on_bounded_trees(rng, monkeypatch):
         assert rel(grad, gref) <= eps, (name, rel(grad, gref))
 
 
+@pytest.mark.parametrize("far_chunk", [64, 1024])
+def test_m2l_runs_busy_blocks_alone(far_chunk, rng, monkeypatch):
+    """A bounded tree's M2L runs its busy blocks alone (`passes._busy_only`):
+    whole chunks, then, where chunks are FAR_CHUNK long, a tail of smaller
+    ones; every busy row's result lands in its place, the rest are zero."""
+    monkeypatch.setattr(adaptive, "FAR_CHUNK", far_chunk)
+    t, ways = 1000, 8
+    rows = jnp.asarray(rng.integers(0, 50, (t, 27)), jnp.int32)
+    busy = jnp.asarray(rng.random(t) < 0.537)
+
+    def run(r):                          # (c, 27) -> (c ways, 1, 2)
+        v = jnp.stack([jnp.sum(r, axis=1), jnp.max(r, axis=1)], axis=1).astype(jnp.float64)
+        return jnp.repeat(v, ways, axis=0)[:, None, :]
+
+    got = jax.jit(lambda r, b: passes._busy_only(run, r, b, 50))(rows, busy)
+    want = np.where(np.asarray(busy)[:, None, None, None],
+                    np.asarray(run(rows)).reshape(t, ways, 1, 2), 0.0).reshape(t * ways, 1, 2)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_bounded_tree_runs_out_of_room_gracefully(rng, monkeypatch):
     """With scarce room the build keeps the tree balanced (no box beside a
     gap splits) and never sets overflow, and a plan made under jit (such a

@@ -48,19 +48,21 @@ def leaf_tiles(start, n_points: int, tile: int, multiple: int = 1, first=0,
     return leaf, t0, t1
 
 
-def until(count, total: int, chunk: int, body, init):
-    """body(start, acc) for start = 0, chunk, ... below count (traced) and
-    total (static, a multiple of chunk): a loop that stops at the work
-    there is, where static bounds (an adaptive tree's bounded capacities)
-    hold far more than most points need."""
+def until(count, total: int, chunk: int, body, init, first=0):
+    """body(start, acc) for start = first, first + chunk, ... below count
+    (traced) and total (static, a multiple of chunk; first, traced, one of
+    chunk too): a loop that stops at the work there is, where static bounds
+    (an adaptive tree's bounded capacities) hold far more than most points
+    need."""
     assert total % chunk == 0
 
     def step(carry):
         i, acc = carry
-        return i + 1, body(i * chunk, acc)
+        return i + 1, body(first + i * chunk, acc)
 
     def more(carry):
-        return (carry[0] * chunk < count) & (carry[0] < total // chunk)
+        start = first + carry[0] * chunk
+        return (start < count) & (start < total)
 
     return jax.lax.while_loop(more, step, (jnp.zeros((), jnp.int32), init))[1]
 
