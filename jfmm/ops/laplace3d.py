@@ -562,7 +562,7 @@ def m2p_coefficients(mult, p: int, gradient: bool):
     sum_j c[0, j] T_j(u) / h and, with gradient (E = 4), d phi / d y_a =
     sum_j c[1 + a, j] T_j(u) / h^2 (the derivative tables of `m2p_basis`
     applied to the multipoles instead of the harmonics: each derivative
-    coefficient gathers at most two multipole coefficients)."""
+    coefficient gathers at most three multipole coefficients)."""
     w = jnp.asarray(_pair_weight(p) * _conj_sign(p), mult.dtype)
     m = mult * w
     if not gradient:

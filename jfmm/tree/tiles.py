@@ -50,10 +50,10 @@ def leaf_tiles(start, n_points: int, tile: int, multiple: int = 1, first=0,
 
 def until(count, total: int, chunk: int, body, init, first=0):
     """body(start, acc) for start = first, first + chunk, ... below count
-    (traced) and total (static, a multiple of chunk; first, traced, one of
-    chunk too): a loop that stops at the work there is, where static bounds
-    (an adaptive tree's bounded capacities) hold far more than most points
-    need."""
+    (traced) and total (static, a multiple of chunk; first may be traced,
+    a multiple of chunk too): a loop that stops at the work there is, where
+    static bounds (an adaptive tree's bounded capacities) hold far more
+    than most points need."""
     assert total % chunk == 0
 
     def step(carry):
