@@ -21,7 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import Table, floats, median_time, parser, rel, sample, write_json
+from common import Table, floats, kernel_times, median_time, parser, rel, sample, write_json
 
 from jfmm import vortex
 
@@ -73,7 +73,7 @@ def reference_stretching(x, a, y, along, smoothing, core):
         return np.asarray(jax.jit(f)(x, a, y, along))
 
 
-def velocity_row(table, n, dtype, eps, smoothing, core, repeats, rng):
+def velocity_row(table, n, dtype, eps, smoothing, core, repeats, rng, profile=False):
     x = rng.random((n, 3))
     a = rng.standard_normal((n, 3)) / n
     xd, ad = jnp.asarray(x, dtype), jnp.asarray(a, dtype)
@@ -87,6 +87,12 @@ def velocity_row(table, n, dtype, eps, smoothing, core, repeats, rng):
     err = rel(u[i], reference_u(x64, a64, x64[i], smoothing, core))
     table.add(dict(case="velocity", smoothing=smoothing, n=n, m=n, dtype=dtype, eps=eps,
                    time_ms=1e3 * t, first_s=first, err_u=err))
+    if profile:
+        kernels = kernel_times(f, xd, ad)
+        print(f"device kernels of the row above ({sum(v for _, v, _ in kernels):.1f} ms "
+              f"in the {len(kernels)} longest):" if kernels else "no device kernels traced")
+        for name, ms, launches in kernels:
+            print(f"  {ms:9.3f} ms  x{launches:<5.0f} {name}")
 
 
 def rings(n, rng, core_radius=0.1):
@@ -184,6 +190,9 @@ def main():
     ap.add_argument("--parts", action="store_true",
                     help="also time a stage's two sums alone for each step row")
     ap.add_argument("--skip", default="", help="'velocity' or 'step'")
+    ap.add_argument("--profile", action="store_true",
+                    help="print each velocity row's longest device kernels (`kernel_times`; "
+                         "set XLA_FLAGS=--xla_gpu_enable_command_buffer=)")
     args = ap.parse_args()
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(args.seed)
@@ -195,7 +204,8 @@ def main():
             for n in map(int, args.sizes.split(",")):
                 for smoothing in args.velocity_smoothing:
                     core = 0.0 if smoothing == "singular" else args.core
-                    velocity_row(table, n, dtype, eps, smoothing, core, args.repeats, rng)
+                    velocity_row(table, n, dtype, eps, smoothing, core, args.repeats, rng,
+                                 args.profile)
                     save()
     if "step" not in args.skip:
         for spec in args.steps.split(","):

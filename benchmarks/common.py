@@ -61,6 +61,37 @@ def median_time(f, *args, repeats: int) -> float:
     return float(np.median(ts))
 
 
+def kernel_times(f, *args, repeats: int = 3, top: int = 20) -> list[tuple[str, float, float]]:
+    """The `top` device kernels of f(*args) by time: (HLO op name, ms per
+    call, launches per call), from a `jax.profiler` trace of `repeats`
+    calls after a first. On a GPU run with
+    XLA_FLAGS=--xla_gpu_enable_command_buffer= for one row per kernel (XLA's
+    command buffers otherwise launch many as one); empty where no device
+    kernels are traced (a CPU)."""
+    import collections
+    import glob
+    import tempfile
+
+    jax.block_until_ready(f(*args))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(repeats):
+                jax.block_until_ready(f(*args))
+        data = jax.profiler.ProfileData.from_file(
+            glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
+    total, count = collections.Counter(), collections.Counter()
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if line.name.startswith("Stream"):
+                for ev in line.events:
+                    name = dict(ev.stats).get("hlo_op", ev.name)
+                    total[name] += ev.duration_ns / 1e6 / repeats
+                    count[name] += 1 / repeats
+    return [(k, v, count[k]) for k, v in total.most_common(top)]
+
+
 def first_time(f, *args):
     """(f(*args), seconds) of one call, waited for: the first call of a
     jitted f is its compilation plus one run."""
