@@ -57,7 +57,7 @@ def pass_times(pl, q, repeats):
     up = jax.jit(lambda t, c, o: passes.adaptive_upward(t, c, fam, o, p, t.box_side(t.level),
                                                         mode))
     mult = up(t, qs, ops)
-    x_list = jax.jit(lambda t, c, m: passes.x_lists(t, c, fam, kern, p, jnp.zeros_like(m), mode))
+    x_list = jax.jit(lambda t, c, m: passes.x_lists(t, c, fam, kern, p, mode, jnp.zeros_like(m)))
     down = jax.jit(lambda t, m, c, o: passes.adaptive_downward(t, m, c, fam, o, kern, p, mode))
     loc = down(t, mult, qs, ops)
 
@@ -68,9 +68,7 @@ def pass_times(pl, q, repeats):
         coef = fam.l2p_coefficients(lc, p, True)
         return backend.l2p(fam, u, coef, t.tgt_start, leaf, side, p, True, mode, busy)
 
-    w_list = jax.jit(lambda t, m: passes.w_lists(t, m, fam, kern, p, True, mode, (
-        jnp.zeros(t.tgt_sorted.shape[:1] + m.shape[1:2], m.dtype),
-        jnp.zeros(t.tgt_sorted.shape[:1] + m.shape[1:2] + (3,), m.dtype))))
+    w_list = jax.jit(lambda t, m: passes.w_lists(t, m, fam, kern, p, True, mode))
     ms = lambda f, *a: 1e3 * median_time(f, *a, repeats=repeats)     # noqa: E731
     return dict(near_ms=ms(near, t, qs), up_ms=ms(up, t, qs, ops),
                 p2l_ms=ms(x_list, t, qs, mult), down_ms=ms(down, t, mult, qs, ops),

@@ -15,11 +15,14 @@ not measured is null.
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import json
 import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -68,10 +71,6 @@ def kernel_times(f, *args, repeats: int = 3, top: int = 20) -> list[tuple[str, f
     XLA_FLAGS=--xla_gpu_enable_command_buffer= for one row per kernel (XLA's
     command buffers otherwise launch many as one); empty where no device
     kernels are traced (a CPU)."""
-    import collections
-    import glob
-    import tempfile
-
     jax.block_until_ready(f(*args))
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):

@@ -147,9 +147,7 @@ def pass_rows(args) -> list[dict]:
         "X lists, M2L, L2L": (lambda t, m, c, o: passes.adaptive_downward(
             t, m, c, fam, o, kern, p, mode), (t, mult, qs, ops)),
         "L2P": (l2p, (t, loc)),
-        "W lists": (lambda t, m: passes.w_lists(t, m, fam, kern, p, True, mode, (
-            jnp.zeros(t.tgt_sorted.shape[:1] + m.shape[1:2], m.dtype),
-            jnp.zeros(t.tgt_sorted.shape[:1] + m.shape[1:2] + (3,), m.dtype))), (t, mult)),
+        "W lists": (lambda t, m: passes.w_lists(t, m, fam, kern, p, True, mode), (t, mult)),
         "all passes": (lambda t, c, o: passes.adaptive_evaluate(t, c, kern, fam, o, p, True, mode),
                        (t, qs, ops)),
     }

@@ -217,7 +217,7 @@ def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config,
         coef = family.l2p_coefficients(loc, p, gradient)
         lphi, lgrad = backend.l2p(family, (tgt - tree.center[tgt_leaf]) / side[tgt_leaf][:, None],
                                   coef, mine.tgt_start, tgt_leaf, side, p, gradient, mode)
-        wphi, wgrad = backend.far_m2p(family, kernel, share, mult, p, gradient, mode)
+        wphi, wgrad = passes.w_lists(share, mult, family, kernel, p, gradient, mode)
         mine_rows = functools.partial(jax.lax.psum_scatter, axis_name=axis, tiled=True)
         phi = phi + lphi + mine_rows(_pad(wphi, n_dev, False))
         grad = grad + lgrad + mine_rows(_pad(wgrad, n_dev, False)) if gradient else None

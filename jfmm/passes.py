@@ -186,16 +186,21 @@ def _far_list(tree: adaptive.AdaptiveTree, name: str, n_points: int, f, init):
     return tiles.until(count, tile.shape[0], chunk, part, init)
 
 
-def x_lists(tree: adaptive.AdaptiveTree, q_sorted, family, kernel, p: int, into, mode: str):
+def x_lists(tree: adaptive.AdaptiveTree, q_sorted, family, kernel, p: int, mode: str, into):
     """The X lists' P2L added to the locals `into` (B, K, P)."""
     return _far_list(tree, "x", tree.src_sorted.shape[0], lambda t, acc: backend.far_p2l(
         family, kernel, t, q_sorted, p, acc, mode), into)
 
 
 def w_lists(tree: adaptive.AdaptiveTree, mult, family, kernel, p: int, gradient: bool,
-            mode: str, into):
-    """The W lists' M2P of the multipoles mult (B, K, P) added to `into`,
-    (phi (M, K), grad (M, K, d) or None)."""
+            mode: str, into=None):
+    """The W lists' M2P of the multipoles mult (B, K, P) at the sorted
+    targets, added to `into` (phi (M, K), grad (M, K, d) or None; None:
+    zeros)."""
+    if into is None:
+        m, (k, d) = tree.tgt_sorted.shape[0], (mult.shape[1], tree.dim)
+        into = (jnp.zeros((m, k), mult.dtype),
+                jnp.zeros((m, k, d), mult.dtype) if gradient else None)
     return _far_list(tree, "w", tree.tgt_sorted.shape[0], lambda t, acc: jax.tree_util.tree_map(
         jnp.add, acc, backend.far_m2p(family, kernel, t, mult, p, gradient, mode)), into)
 
@@ -223,7 +228,7 @@ def adaptive_downward(tree: adaptive.AdaptiveTree, mult, q_sorted, family, ops,
     m2l(grouped, cols, mats): `backend.m2l_blocks` in its place (a device's
     share of it, `jfmm.distributed`); combine: applied to the X lists'
     locals (see `upward`)."""
-    loc = x_lists(tree, q_sorted, family, kernel, p, jnp.zeros_like(mult), mode)
+    loc = x_lists(tree, q_sorted, family, kernel, p, mode, jnp.zeros_like(mult))
     loc = loc if combine is None else combine(loc)
     ways, total = 2 ** tree.dim, tree.n_boxes
     levels = [lv for lv in range(2, tree.depth + 1) if tree.level_blocks(lv).shape[0]]
