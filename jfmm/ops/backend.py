@@ -234,11 +234,12 @@ def far_m2p(family, kernel, tree, mult, p: int, gradient: bool, mode: str):
     if boxes.size < tree.n_boxes:
         # Fewer (entry, box) pairs than boxes (a bounded tree's chunk of
         # the list): coefficient sets for those pairs alone, not every slot.
+        # (Gathers that fill the sentinel's rows with zeros: no per-chunk
+        # copy of the whole multipole array with a zero row appended.)
         flat = boxes.reshape(-1)
-        real = flat < tree.n_boxes
-        ext = lambda a: jnp.concatenate([a, jnp.zeros((1,) + a.shape[1:], a.dtype)])  # noqa: E731
-        mult, center, side = ext(mult)[flat], ext(center)[flat], ext(side)[flat]
-        boxes = jnp.where(real, jnp.arange(flat.shape[0], dtype=flat.dtype),
+        take = lambda a: jnp.take(a, flat, axis=0, mode="fill", fill_value=0)  # noqa: E731
+        mult, center, side = take(mult), take(center), take(side)
+        boxes = jnp.where(flat < tree.n_boxes, jnp.arange(flat.shape[0], dtype=flat.dtype),
                           flat.shape[0]).reshape(boxes.shape)
     return pallas_far.m2p(tree.tgt_sorted, laplace3d.m2p_coefficients(mult, p, gradient),
                           center, side, (t0, t1), boxes, gradient,
