@@ -18,6 +18,7 @@ from jfmm import primitive as _primitive
 from jfmm import tree as _tree
 from jfmm.configure import Config
 from jfmm.ops import backend
+from jfmm.ops import p2p as _p2p
 from jfmm.tree import adaptive as _adaptive
 
 
@@ -98,10 +99,33 @@ def _adaptive_tree(sources, targets, leaf: int, build=_adaptive.build):
 def _bind(tree, ops, kernel, charges, config, check, gradient, mode):
     """phi (M, K), grad (M, K, d) or None, and whether they pass the
     check of the charges (`configure.checked`: NaN where they do not;
-    None without a check)."""
-    outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(gradient), config, mode)
-    return _configure.checked(config, check, kernel, tree.side, charges, outs[0],
-                              outs[1] if gradient else None)
+    None without a check). gradient="curl": (None, the curl (M, K), ok),
+    summed alone where nothing is checked (the check reads phi)."""
+    if gradient == "curl" and check is None:
+        outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, 1, config, mode, curl=True)
+        return None, outs[0], None
+    outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(bool(gradient)), config,
+                              mode)
+    phi, grad, ok = _configure.checked(config, check, kernel, tree.side, charges, outs[0],
+                                       outs[1] if gradient else None)
+    return (None, _p2p.curl(grad), ok) if gradient == "curl" else (phi, grad, ok)
+
+
+def _check_output(gradient, dim: int, charges) -> bool:
+    """Whether `gradient` asks for the curl; a ValueError for anything but
+    False, True and "curl", and for a curl of 2D points or of charges not
+    in columns of three."""
+    if isinstance(gradient, str):
+        if gradient != "curl":
+            raise ValueError(f'gradient must be False, True or "curl", got {gradient!r}')
+        cols = np.shape(charges)[1:]
+        if dim != 3 or len(cols) != 1 or cols[0] % 3:
+            raise ValueError(f'gradient="curl" takes 3D points and charges (N, 3k), got '
+                             f'{dim}D points and charges of shape {np.shape(charges)}')
+        return True
+    if gradient not in (False, True):
+        raise ValueError(f'gradient must be False, True or "curl", got {gradient!r}')
+    return False
 
 
 _fmm_jits = backend.jits(_fmm_eval, ("config", "gradient", "mode"))
@@ -232,6 +256,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     """
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)
+    output = "curl" if _check_output(gradient, np.shape(sources)[-1], charges) else gradient
+    gradient = bool(gradient)       # the order and plans: a curl's are the gradient's
     if mesh is not None:
         mesh = _distributed.check_mesh(mesh)
         sources, charges, targets = (_distributed.on_mesh(x, mesh)
@@ -249,20 +275,20 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                              charged=_ANY)
         if latest is not None:
             try:
-                return latest.apply(charges, gradient)
+                return latest.apply(charges, output)
             except _configure.Unreachable:
                 pass
         charged = _charged(sources, targets, charges, kernel, mesh, *opts[:4], tree)
     known = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, make=False,
                         charged=charged)
     if known is not None:
-        return known.apply(charges, gradient)
+        return known.apply(charges, output)
     given = (sources, targets)
     sources, q, targets, layout = _inputs.prepare(sources, charges, targets, kernel)
     if sources is given[0] and targets is given[1]:     # jax arrays of the working dtype
         remembered = _eager_plan(sources, targets, kernel, *opts, mesh=mesh, charged=charged)
         if remembered is not None:
-            return remembered.apply(charges, gradient)
+            return remembered.apply(charges, output)
     else:                                               # prepared: new arrays
         charged = _charged(sources, targets, q, kernel, mesh, *opts[:4], tree)
     config = _configure.resolve_eager(sources, targets, kernel, *opts,     # remembered
@@ -278,12 +304,13 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
                        bounded=_moved(sources, targets, config))
         if sources is given[0] and targets is given[1]:
             _keep_plan(sources, targets, pl, _plan_options(kernel, *opts, mesh, targets, charged))
-        return pl.apply(charges if hasattr(charges, "shape") else jnp.asarray(charges), gradient)
+        return pl.apply(charges if hasattr(charges, "shape") else jnp.asarray(charges),
+                        output)
     phi, grad, ok = backend.call(_fmm_jits, sources, q, targets, kernel, config.check_arrays,
-                                 config=config.static, gradient=gradient,
+                                 config=config.static, gradient=output,
                                  mode=backend.current())
     _configure.raise_unchecked(ok, config)
-    return _inputs.finish(phi, grad, layout, gradient)
+    return _inputs.finish(phi, grad, layout, output)
 
 
 _HOST_POINTS = []    # (numpy array weak reference, its values then, their jax array), recent
@@ -462,7 +489,9 @@ class Plan:
         return _overflow(self)
 
     def apply(self, charges, gradient=False):
-        """phi (and grad) for charges (N,) or (N, k); see `fmm`."""
+        """phi (and grad) for charges (N,) or (N, k), or with gradient="curl"
+        the curl alone; see `fmm`."""
+        curl = _check_output(gradient, self.tree.dim, charges)
         if gradient and not self.config.gradient:
             raise ValueError("this plan's order keeps phi's error within eps, not the "
                              "gradient's: make it with jfmm.plan(..., gradient=True)")
@@ -492,7 +521,7 @@ class Plan:
         phi, grad, ok = backend.call(_apply_jits, self, charges, gradient=gradient,
                                      mode=backend.current())
         _configure.raise_unchecked(ok, self.config)
-        return (phi, grad) if gradient else phi
+        return grad if curl else (phi, grad) if gradient else phi
 
     def update(self, sources, targets=None):
         """Rebuild the tree for new points of the same shapes (jit-able).
@@ -567,9 +596,11 @@ def _apply(plan_, charges, gradient, mode):
     phi, grad, ok = _bind(plan_.tree, plan_.ops, plan_.kernel, q, plan_.config, plan_.check,
                           gradient, mode)
     if plan_.extent is not None:
-        beyond, nan = _beyond(plan_), jnp.asarray(jnp.nan, phi.dtype)
-        phi = jnp.where(beyond, nan, phi)
+        beyond, nan = _beyond(plan_), jnp.asarray(jnp.nan, grad.dtype if phi is None else phi.dtype)
+        phi = None if phi is None else jnp.where(beyond, nan, phi)
         grad = None if grad is None else jnp.where(beyond, nan, grad)
+    if gradient == "curl":
+        return None, _inputs.finish(phi, grad, layout, "curl"), ok
     return (*_inputs.finish(phi, grad, layout, True), ok)
 
 

@@ -165,8 +165,15 @@ def prepare(sources, charges, targets, kernel):
     return sources, charges, targets, layout
 
 
-def finish(phi, grad, layout: Layout, gradient: bool):
-    """The sums (M, K) and (M, K, d) in the caller's charge layout."""
+def finish(phi, grad, layout: Layout, gradient):
+    """The sums (M, K) and (M, K, d) in the caller's charge layout; with
+    gradient="curl" the curl grad (M, K) alone (columns in threes: never
+    squeezed)."""
+    if gradient == "curl":
+        if layout.complex:
+            k = grad.shape[1] // 2
+            grad = jax.lax.complex(grad[:, :k], grad[:, k:])
+        return grad
     if layout.complex:
         k = phi.shape[1] // 2
         phi = jax.lax.complex(phi[:, :k], phi[:, k:])

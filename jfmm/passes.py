@@ -26,7 +26,7 @@ import numpy as np
 
 from jfmm import kernels
 from jfmm.configure import Config
-from jfmm.ops import backend, translate
+from jfmm.ops import backend, p2p, translate
 from jfmm.tree import Tree, adaptive, lists, tiles
 
 
@@ -64,35 +64,49 @@ def downward(tree: Tree, mult, family, ops, kernel: kernels.Kernel, p: int,
 
 
 def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
-             gradient: bool, mode: str = "jnp"):
+             gradient: bool, mode: str = "jnp", curl: bool = False):
     """phi (M, K) and grad (M, K, d) or None at the targets, caller's order.
 
     charges: (N, K) in the caller's source order; config: the resolved
     family, order and depth (`jfmm.configure`), with the family's operators
     `ops` (None where the tree has no far field); mode: the backend of the near
-    field, P2M, M2L and L2P (jfmm.ops.backend).
+    field, P2M, M2L and L2P (jfmm.ops.backend). curl=True (3D, K a
+    multiple of 3): (None, `p2p.curl` of grad), the near field summing the
+    curl alone (on a GPU a third of the gradient's sums).
     """
     family, p = config.family, config.order
     q_sorted = charges[tree.src_perm]
     if isinstance(tree, adaptive.AdaptiveTree):
-        phi, grad = adaptive_evaluate(tree, q_sorted, kernel, family, ops, p, gradient, mode)
-        return caller_order(tree, phi, grad, gradient)
+        phi, grad = adaptive_evaluate(tree, q_sorted, kernel, family, ops, p, gradient, mode,
+                                      curl)
+        return _ordered(tree, phi, grad, gradient, curl)
     if family is not None and family.SCHEME == "grid":
-        phi, grad = gauss_transform(tree, q_sorted, kernel, family, p, gradient, mode)
-        return caller_order(tree, phi, grad, gradient)
+        phi, grad = gauss_transform(tree, q_sorted, kernel, family, p, gradient or curl, mode)
+        return _ordered(tree, phi, p2p.curl(grad) if curl else grad, gradient, curl)
     if tree.depth == 0:         # one box: all pairs, as `jfmm.direct` tiles them
         targets = None if tree.shared else tree.tgt_sorted
-        phi, grad = backend.dense(kernel, targets, tree.src_sorted, q_sorted, gradient, mode)
-        return caller_order(tree, phi, grad, gradient)
+        phi, grad = backend.dense(kernel, targets, tree.src_sorted, q_sorted, gradient or curl,
+                                  mode)
+        return _ordered(tree, phi, p2p.curl(grad) if curl else grad, gradient, curl)
     near = lists.neighbors(tree.depth, tree.dim)
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
-                                   q_sorted, tree.src_start, near, gradient, mode)
+                                   q_sorted, tree.src_start, near, gradient, mode, curl=curl)
     if family is not None and tree.depth >= 2:
         mult = upward(tree, q_sorted, family, ops, p, mode)
         loc = downward(tree, mult, family, ops, kernel, p, mode)
-        fphi, fgrad = leaf_l2p(tree, loc, family, p, gradient, mode)
-        phi = phi + fphi
-        grad = grad + fgrad if gradient else None
+        fphi, fgrad = leaf_l2p(tree, loc, family, p, gradient or curl, mode)
+        if curl:
+            grad = grad + p2p.curl(fgrad)
+        else:
+            phi = phi + fphi
+            grad = grad + fgrad if gradient else None
+    return _ordered(tree, phi, grad, gradient, curl, config)
+
+
+def _ordered(tree, phi, grad, gradient: bool, curl: bool, config: Config | None = None):
+    """`caller_order` of (phi, grad), or with curl of (None, the curl)."""
+    if curl:
+        return None, caller_order(tree, grad, None, False, config)[0]
     return caller_order(tree, phi, grad, gradient, config)
 
 
@@ -335,16 +349,17 @@ def adaptive_m2l(tree: adaptive.AdaptiveTree, mult, family, ops, kernel: kernels
 
 
 def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Kernel, family,
-                      ops, p: int, gradient: bool, mode: str = "jnp"):
+                      ops, p: int, gradient: bool, mode: str = "jnp", curl: bool = False):
     """phi (M, K), grad (M, K, d) or None at the sorted targets of an
     adaptive tree: the near field over the U lists, and where there is a
-    family the far field through the V, W and X lists."""
+    family the far field through the V, W and X lists. curl: as `evaluate`."""
     busy = adaptive.busy_leaves(tree, tree.tgt_sorted.shape[0])
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, tree.near, gradient, mode,
-                                   leaves=busy)
+                                   leaves=busy, curl=curl)
     if family is None or tree.depth < 2:
         return phi, grad
+    gradient = gradient or curl
     side = tree.box_side(tree.level)
     mult = adaptive_upward(tree, q_sorted, family, ops, p, side, mode)
     loc = adaptive_downward(tree, mult, q_sorted, family, ops, kernel, p, mode)
@@ -353,6 +368,9 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     coef = family.l2p_coefficients(loc, p, gradient)
     lphi, lgrad = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode,
                               busy)
+    if curl:
+        far = w_lists(tree, mult, family, kernel, p, True, mode, (lphi, lgrad))[1]
+        return None, grad + p2p.curl(far)
     return w_lists(tree, mult, family, kernel, p, gradient, mode,
                    (phi + lphi, grad + lgrad if gradient else None))
 

@@ -47,6 +47,7 @@ import numpy as np
 from jfmm import distributed, passes
 from jfmm._compat import Primitive, ShapedArray, ad, batching, mlir
 from jfmm.configure import Config
+from jfmm.ops import p2p
 from jfmm.tree import Tree
 
 
@@ -56,7 +57,9 @@ class Spec(NamedTuple):
     orders: the weight orders present, ascending (a above); top: the
     highest output order (B above); config: the resolved family, order and
     depth; nbatch: leading batch axes on every operand (from vmap over
-    point sets).
+    point sets); curl: charges alone with top 1, and the one output is the
+    curl of each triple of columns' gradients (M, K) (`ops.p2p.curl`,
+    3D), which the near field sums alone.
     """
     tree_def: object
     ops_def: object
@@ -66,18 +69,21 @@ class Spec(NamedTuple):
     config: Config
     mode: str
     nbatch: int = 0
+    curl: bool = False
 
 sum_p = Primitive("jfmm_sum")
 sum_p.multiple_results = True
 
 
-def fmm_sum(tree: Tree, ops, kernel, weights: dict, top: int, config: Config, mode: str):
-    """Bind the primitive: weights {order a: (N, K, d^a)} -> [out_0, ..., out_top]."""
+def fmm_sum(tree: Tree, ops, kernel, weights: dict, top: int, config: Config, mode: str,
+            curl: bool = False):
+    """Bind the primitive: weights {order a: (N, K, d^a)} -> [out_0, ..., out_top],
+    or with curl ({0: charges}, top 1) [the curl (M, K)]."""
     tl, tdef = jax.tree_util.tree_flatten(tree)
     ol, odef = jax.tree_util.tree_flatten(ops)
     kl, kdef = jax.tree_util.tree_flatten(kernel)
     orders = tuple(sorted(weights))
-    spec = Spec(tdef, odef, kdef, orders, top, config, mode)
+    spec = Spec(tdef, odef, kdef, orders, top, config, mode, curl=curl)
     return _placed(sum_p.bind(*tl, *ol, *kl, *(weights[a] for a in orders), spec=spec), spec)
 
 
@@ -113,6 +119,14 @@ def _evaluate(tree: Tree, charges, kernel, config: Config, ops, gradient: bool, 
     """The fast path on one device, or sharded over the configuration's mesh."""
     run = passes.evaluate if config.mesh is None else distributed.evaluate
     return run(tree, charges, kernel, config, ops, gradient, mode)
+
+
+def _curl(tree: Tree, charges, kernel, config: Config, ops, mode: str):
+    """The curl output (M, K): its own near field on one device, else the
+    curl of the sharded sum's gradient."""
+    if config.mesh is None:
+        return passes.evaluate(tree, charges, kernel, config, ops, True, mode, curl=True)[1]
+    return p2p.curl(_evaluate(tree, charges, kernel, config, ops, True, mode)[1])
 
 
 def _block(tree: Tree, ops, kernel, config: Config, w, a: int, c: int, mode: str):
@@ -169,6 +183,8 @@ def _meaning(spec: Spec, *args):
     (weight order, output order) from `_block`."""
     tl, ol, kl, ws = _split(args, spec)
     tree, ops, kernel = _unflatten(spec, tl, ol, kl)
+    if spec.curl:
+        return [_curl(tree, ws[0], kernel, spec.config, ops, spec.mode)]
     outs = [None] * (spec.top + 1)
 
     def add(c, v):
@@ -200,6 +216,8 @@ def _abstract(*args, spec: Spec):
     lead = tree.tgt_sorted.shape[:-1]                            # (*batch, M)
     k = next(iter(ws.values())).shape[spec.nbatch + 1]
     dtype = tree.tgt_sorted.dtype
+    if spec.curl:
+        return [ShapedArray(lead + (k,), dtype)]
     return [ShapedArray(lead + (k,) + (tree.dim,) * c, dtype)
             for c in range(spec.top + 1)]
 
@@ -227,6 +245,9 @@ def _zero(t) -> bool:
 
 
 def _jvp(primals, tangents, *, spec: Spec):
+    if spec.curl:               # the curl of the gradient's primal and tangent
+        primal, tangent = _jvp(primals, tangents, spec=spec._replace(curl=False))
+        return [p2p.curl(primal[1])], [p2p.curl(tangent[1])]
     tl, ol, kl, ws = _split(primals, spec)
     dtl, _, dkl, dws = _split(tangents, spec)
     dtree = spec.tree_def.unflatten(dtl)

@@ -7,8 +7,8 @@ Vortex elements at x_i with vector strengths alpha_i (3D) induce
 f(r) = 1/r^3 for the singular law, a smoothed f for a vortex core of size s.
 Every f is -G'(r)/r for a stream kernel G, so u is the curl of the vector
 potential psi_k(y) = (1/4 pi) sum_i alpha_ik G(|y - x_i|): one `jfmm.fmm`
-call with the three strength components as charge columns and gradient=True
-gives every velocity. The velocity gradient and stretching come from the
+call with the three strength components as charge columns and
+gradient="curl" gives every velocity (its near field sums the curl alone). The velocity gradient and stretching come from the
 same call differentiated along the target (`jfmm.primitive`: second
 derivatives of the approximation, `jfmm.passes.hessian`); these take the
 FMM from 2^28 pairs on even where `jfmm.fmm` would sum all pairs
@@ -273,11 +273,16 @@ def _second(eps, kernel, dtype, dim=3):
     return eps if eps <= least else max(eps / _SECOND, least)
 
 
-def _grad_psi(sources, strengths, targets, kernel, eps, leaf_size, loosest=None):
-    """grad psi (M, 3, 3) with [m, k, j] = d psi_k / d y_j at the targets:
-    at eps, or where the family's estimate does not reach it (`Unreachable`),
+def _grad_psi(sources, strengths, targets, kernel, eps, leaf_size, loosest=None,
+              curl=False):
+    """grad psi (M, 3, 3) with [m, k, j] = d psi_k / d y_j at the targets,
+    or (curl) its curl u (M, 3) alone (`jfmm.fmm`'s gradient="curl"): at
+    eps, or where the family's estimate does not reach it (`Unreachable`),
     at 1.5 times what it reaches, up to `loosest`."""
     def grad(eps):
+        if curl:
+            return api.fmm(sources, strengths, targets, kernel, eps, gradient="curl",
+                           leaf_size=leaf_size) / (4 * jnp.pi)
         return api.fmm(sources, strengths, targets, kernel, eps, gradient=True,
                        leaf_size=leaf_size)[1] / (4 * jnp.pi)
     try:
@@ -315,7 +320,7 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     sources, strengths, targets = _check(sources, strengths, targets, 3)
     kernel = stream_kernel(smoothing, core)
     if not gradient:
-        return _curl(_grad_psi(sources, strengths, targets, kernel, eps, leaf_size))
+        return _grad_psi(sources, strengths, targets, kernel, eps, leaf_size, curl=True)
     second = _second(eps, kernel, sources.dtype)
     leaf_size = _second_leaf(leaf_size, kernel, second, sources, targets)
     return _and_gradient(lambda t: _curl(_grad_psi(sources, strengths, t, kernel, second,

@@ -218,6 +218,18 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     return scatter_tiles(phi_t, grad_t, t0, t1, m)
 
 
+def curl(grad):
+    """The curl of each triple of charge columns' gradients: grad (M, K, 3)
+    with [m, k, j] = d psi_k / d y_j, K a multiple of 3 -> (M, K), each
+    triple (psi_0, psi_1, psi_2) giving (curl psi)_0..2 (the Biot-Savart
+    velocity of a vector potential)."""
+    g = grad.reshape(grad.shape[:-2] + (-1, 3, 3))
+    c = jnp.stack([g[..., 2, 1] - g[..., 1, 2],
+                   g[..., 0, 2] - g[..., 2, 0],
+                   g[..., 1, 0] - g[..., 0, 1]], axis=-1)
+    return c.reshape(grad.shape[:-1])
+
+
 def _along_targets(grad, y):
     """d grad(y + s) / d s at s = 0 (forward mode, d directions): (M, K, d, d)."""
     return jax.jacfwd(lambda shift: grad(y + shift))(jnp.zeros(y.shape[1], y.dtype))
