@@ -147,7 +147,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     1e-5 in float32, or the family's floor where higher, 1e-6 in float64; an
     eps the dtype cannot reach raises ValueError), leaf_size, the mean
     points per leaf the tree depth aims at, and order, which overrides the
-    expansion order chosen from eps.
+    expansion order chosen from eps. gradient="curl" (3D, charges (N, 3k))
+    returns, instead of phi and grad, the curl of each triple of charge
+    columns' gradients, (M, 3k) (complex charges: complex curls): for
+    vector potentials psi = (phi_0, phi_1, phi_2), curl psi, the
+    Biot-Savart law (`jfmm.vortex`), at the gradient's order; its near
+    field sums the curl alone (a third of the gradient's sums on a GPU).
 
     jit-able with eps, gradient, leaf_size, tree and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes

@@ -64,6 +64,39 @@ CASES = [("singular", 0.0, "cluster", False, 500), ("rosenhead_moore", 0.03, "cu
          ("polynomial", 0.03, "cube", False, 500)]
 
 
+def test_fmm_curl_matches_biot_savart(rng):
+    """jfmm.fmm(gradient="curl") of two strength triples (4 pi u of each)
+    against float64 Biot-Savart sums: clustered elements eagerly on an
+    adaptive tree, on targets apart through a plan (a uniform tree), complex
+    strengths (`vortex.velocity` below: uniform trees, traced points);
+    its gradient in the strengths against the numpy transpose
+    sum_i f_i (w_i x d_i); bad input."""
+    n, eps = 500, 1e-6
+    x = points("cluster", n, rng)
+    a = rng.standard_normal((n, 6))
+    y = rng.random((200, 3))
+    want = 4 * np.pi * np.concatenate([biot_savart(x, a[:, :3], x)[0],
+                                        biot_savart(x, a[:, 3:], x)[0]], axis=1)
+    got = jfmm.fmm(x, a, eps=eps, gradient="curl", leaf_size=8, tree="adaptive")
+    assert got.shape == (n, 6) and rel(got, want) < eps
+    pl = jfmm.plan(x, y, eps=eps, gradient=True, leaf_size=8)
+    c = a[:, :3] + 1j * a[:, 3:]
+    on_y = 4 * np.pi * (biot_savart(x, a[:, :3], y)[0] + 1j * biot_savart(x, a[:, 3:], y)[0])
+    assert rel(pl.apply(c, "curl"), on_y) < eps
+    w = rng.standard_normal((200, 3))
+    g = jax.grad(lambda s: jnp.sum(w * pl.apply(s, "curl")))(jnp.asarray(a[:, :3]))
+    d = y[:, None, :] - x[None, :, :]
+    f = -np.sum(d * d, -1) ** -1.5                       # G'(r) / r of 1/r
+    assert rel(g, np.einsum("mn,mni->ni", f, np.cross(w[:, None, :], d))) < eps
+    for bad, match in (("curls", "must be False, True"), (2, "must be False, True")):
+        with pytest.raises(ValueError, match=match):
+            jfmm.fmm(x, a, gradient=bad)
+    with pytest.raises(ValueError, match="charges \\(N, 3k\\)"):
+        jfmm.fmm(x, a[:, :4], gradient="curl")
+    with pytest.raises(ValueError, match="3D points"):
+        pl.apply(a[:, 0], "curl")
+
+
 @pytest.mark.parametrize("smoothing,core,kind,apart,n", CASES)
 def test_velocity_and_gradient_match_biot_savart(smoothing, core, kind, apart, n, rng):
     x = points(kind, n, rng)

@@ -379,3 +379,49 @@ def test_hessians_match_closed_forms(kernel, dim, dtype, rng):
             t.src_start, lists.neighbors(2, dim))
     got = backend.near_field_hessian(*args, "interpret")
     assert rel(got, np.asarray(p2p.near_field_hessian(*args))) < tol
+
+
+def _curl(grad):
+    """numpy curl of each column triple's gradients (M, K, 3) -> (M, K)."""
+    g = grad.reshape(len(grad), -1, 3, 3)
+    return np.stack([g[..., 2, 1] - g[..., 1, 2], g[..., 0, 2] - g[..., 2, 0],
+                     g[..., 1, 0] - g[..., 0, 1]], axis=-1).reshape(len(grad), -1)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_curl_mode_matches_the_curl_of_gradients(dtype, rng):
+    """curl=True, two charge-column triples: on a tree of depth 1 (every
+    leaf a neighbour, so all pairs; a source equal to a target) against the
+    numpy curl of float64 gradient sums, and on a crowded tree of depth 2
+    against the curl of the jnp near field's gradient, also in steps."""
+    x, y = _case(rng, 301, 97, True)
+    q = charges(301, rng, 6)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    for depth, want in ((1, _curl(reference(x, q, y, dtype)[1])), (2, None)):
+        t = build(jnp.asarray(x, dtype), jnp.asarray(y, dtype), depth)
+        args = (kernels.Laplace3D(), t.tgt_sorted, t.tgt_start, t.src_sorted,
+                jnp.asarray(q, dtype)[t.src_perm], t.src_start, lists.neighbors(depth, 3))
+        got = pallas_p2p.near_field(*args, False, blocks=pallas_p2p.Blocks(16, 8),
+                                    interpret=True, curl=True)
+        if want is None:
+            want = _curl(np.asarray(p2p.near_field(*args, True)[1], np.float64))
+            stepped = backend.near_field(*args, True, "interpret", leaves=1, curl=True)
+            assert stepped[0] is None and rel(stepped[1], want) < tol
+        else:
+            got = np.asarray(got)[np.argsort(np.asarray(t.tgt_perm))]   # caller's order
+        assert got.shape == (97, 6) and got.dtype == dtype
+        assert rel(got, want) < tol
+    with pytest.raises(ValueError, match="threes"):
+        pallas_p2p.near_field(*args[:4], args[4][:, :4], *args[5:], False, interpret=True,
+                              curl=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_curl_mode_lowers_to_triton(dtype):
+    with jax.enable_x64(dtype == np.float64):
+        t = build(jnp.zeros((64, 3), dtype), None, 1)
+        q = jnp.zeros((64, 3), dtype)
+        f = jax.jit(lambda q: pallas_p2p.near_field(
+            kernels.Laplace3D(), t.tgt_sorted, t.tgt_start, t.src_sorted, q, t.src_start,
+            lists.neighbors(1, 3), False, curl=True))
+        f.trace(q).lower(lowering_platforms=("cuda",))
