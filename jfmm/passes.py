@@ -85,9 +85,9 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
         return _ordered(tree, phi, p2p.curl(grad) if curl else grad, gradient, curl)
     if tree.depth == 0:         # one box: all pairs, as `jfmm.direct` tiles them
         targets = None if tree.shared else tree.tgt_sorted
-        phi, grad = backend.dense(kernel, targets, tree.src_sorted, q_sorted, gradient or curl,
-                                  mode)
-        return _ordered(tree, phi, p2p.curl(grad) if curl else grad, gradient, curl)
+        phi, grad = backend.dense(kernel, targets, tree.src_sorted, q_sorted, gradient, mode,
+                                  curl=curl)
+        return _ordered(tree, phi, grad, gradient, curl)
     near = lists.neighbors(tree.depth, tree.dim)
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, gradient, mode, curl=curl)
@@ -136,6 +136,38 @@ def hessian(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
 
         h = h + jax.jacfwd(far_gradient)(jnp.zeros(tree.dim, tree.tgt_sorted.dtype))
     return caller_order(tree, h, None, False, config)[0]
+
+
+def curl_along(tree: Tree, charges, along, kernel: kernels.Kernel, config: Config, ops,
+               mode: str = "jnp"):
+    """The curl of grad phi's derivative along each target's direction,
+    (M, K) in the caller's target order, on a uniform tree (families of
+    SCHEME "tree", or none); charges (N, K), K a multiple of 3, and along
+    (M, 3) in the caller's orders. The near field's (or all pairs') from
+    `Kernel.hessian_pair`, three sums a pair on backend `mode`; the far
+    field's by forward mode through the jnp L2P along the directions: for
+    vortex stretching, where `hessian` sums every second derivative."""
+    family, p = config.family, config.order
+    q_sorted = charges[tree.src_perm]
+    a_sorted = along[tree.tgt_perm]
+    if tree.depth == 0:
+        targets = None if tree.shared else tree.tgt_sorted
+        c = backend.dense(kernel, targets, tree.src_sorted, q_sorted, False, mode,
+                          along=a_sorted)
+        return caller_order(tree, c, None, False, config)[0]
+    near = lists.neighbors(tree.depth, tree.dim)
+    c = backend.near_field_along(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
+                                 q_sorted, tree.src_start, near, a_sorted, mode)
+    if family is not None and tree.depth >= 2:
+        loc = downward(tree, upward(tree, q_sorted, family, ops, p, mode), family, ops, kernel,
+                       p, mode)
+
+        def far_gradient(y):
+            moved = dataclasses.replace(tree, tgt_sorted=y)
+            return leaf_l2p(moved, loc, family, p, True, "jnp")[1]
+
+        c = c + p2p.curl(jax.jvp(far_gradient, (tree.tgt_sorted,), (a_sorted,))[1])
+    return caller_order(tree, c, None, False, config)[0]
 
 
 def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp"):

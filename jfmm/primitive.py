@@ -245,9 +245,8 @@ def _zero(t) -> bool:
 
 
 def _jvp(primals, tangents, *, spec: Spec):
-    if spec.curl:               # the curl of the gradient's primal and tangent
-        primal, tangent = _jvp(primals, tangents, spec=spec._replace(curl=False))
-        return [p2p.curl(primal[1])], [p2p.curl(tangent[1])]
+    if spec.curl:
+        return _curl_jvp(primals, tangents, spec)
     tl, ol, kl, ws = _split(primals, spec)
     dtl, _, dkl, dws = _split(tangents, spec)
     dtree = spec.tree_def.unflatten(dtl)
@@ -308,6 +307,83 @@ def _expand(dk, ndim: int):
 
 
 ad.primitive_jvps[sum_p] = _jvp
+
+
+def _curl_jvp(primals, tangents, spec: Spec):
+    """The curl output's jvp: where only the targets move, the curl primal
+    and `along_p` (the stretching of vortex elements); else the curl of
+    the gradient's primal and tangent."""
+    tl, ol, kl, ws = _split(primals, spec)
+    dtl, _, dkl, dws = _split(tangents, spec)
+    dtree = spec.tree_def.unflatten(dtl)
+    if (_zero(dtree.src_sorted) and not _zero(dtree.tgt_sorted)
+            and all(_zero(t) for t in list(dws.values()) + list(dkl))):
+        if not spec.config.gradient:
+            raise ValueError("differentiating along point moves needs gradients within eps: "
+                             "make the plan with jfmm.plan(..., gradient=True)")
+        dy = _unsort(dtree.tgt_sorted, spec.tree_def.unflatten(tl).tgt_perm)
+        primal = _placed(sum_p.bind(*primals, spec=spec), spec)
+        return primal, [along_p.bind(*tl, *ol, *kl, ws[0], dy, spec=spec)]
+    primal, tangent = _jvp(primals, tangents, spec=spec._replace(curl=False))
+    return [p2p.curl(primal[1])], [p2p.curl(tangent[1])]
+
+
+# ------------------------------------------------------------------ curl along target moves
+
+# along_p: the curl output's derivative along per-target moves dy (*b, M, d),
+# linear in dy: sum_j curl (D^2 G(y_i - x_j) dy_i) [q_j], (*b, M, K). Its
+# value sums three terms a pair (`passes.curl_along`) where the primitive's
+# second derivatives take that path (one device, a uniform tree); its own
+# derivatives, transpose and batching are those of its meaning through
+# sum_p's second derivatives (`_along_meaning`).
+along_p = Primitive("jfmm_curl_along")
+
+
+def _along_meaning(*args, spec: Spec):
+    """along_p through sum_p's second derivatives (M, K, d, d)."""
+    *rest, dy = args
+    tl, ol, kl, ws = _split(rest, spec)
+    h = _rebind(spec._replace(curl=False), tl, ol, kl, ws, 2)[2]
+    return p2p.curl(jnp.einsum("...mkjl,...ml->...mkj", h, dy))
+
+
+def _along_impl(*args, spec: Spec):
+    *rest, dy = args
+    tl, ol, kl, ws = _split(rest, spec)
+    tree, ops, kernel = _unflatten(spec, tl, ol, kl)
+    config = spec.config
+    if (spec.nbatch == 0 and config.mesh is None and isinstance(tree, Tree)
+            and (config.family is None or config.family.SCHEME == "tree")):
+        return passes.curl_along(tree, ws[0], dy, kernel, config, ops, spec.mode)
+    return _along_meaning(*args, spec=spec)
+
+
+def _along_abstract(*args, spec: Spec):
+    return ShapedArray(args[-1].shape[:-1] + (args[-2].shape[-1],), args[-1].dtype)
+
+
+along_p.def_impl(jax.jit(_along_impl, static_argnames="spec"))
+along_p.def_abstract_eval(_along_abstract)
+mlir.register_lowering(along_p, mlir.lower_fun(_along_impl, multiple_results=False))
+ad.primitive_jvps[along_p] = lambda primals, tangents, *, spec: jax.jvp(
+    functools.partial(_along_meaning, spec=spec), primals,
+    tuple(ad.instantiate_zeros(t) for t in tangents))
+
+
+def _along_transpose(ct, *args, spec: Spec):
+    if any(ad.is_undefined_primal(v) for v in args[:-1]):
+        raise NotImplementedError("the curl's derivative is linear only in the moves")
+    if _zero(ct):
+        return [None] * len(args)
+    aval = args[-1].aval
+    bar, = jax.linear_transpose(lambda d: _along_meaning(*args[:-1], d, spec=spec),
+                                jax.ShapeDtypeStruct(aval.shape, aval.dtype))(ct)
+    return [None] * (len(args) - 1) + [bar]
+
+
+ad.primitive_transposes[along_p] = _along_transpose
+batching.primitive_batchers[along_p] = lambda args, dims, *, spec: (
+    jax.vmap(functools.partial(_along_meaning, spec=spec), in_axes=dims)(*args), 0)
 
 
 # ------------------------------------------------------------------ transpose

@@ -338,9 +338,8 @@ def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
     kernel = stream_kernel(smoothing, core)
     second = _second(eps, kernel, sources.dtype)
     leaf_size = _second_leaf(leaf_size, kernel, second, sources, None)
-    g, dg = jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, second, leaf_size, eps),
-                    (sources,), (strengths.astype(sources.dtype),))
-    return _curl(g), _curl(dg)
+    return jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, second, leaf_size, eps,
+                                       curl=True), (sources,), (strengths.astype(sources.dtype),))
 
 
 def velocity_2d(sources, circulations, targets=None, *, eps=None, gradient=False,

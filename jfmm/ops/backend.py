@@ -115,6 +115,21 @@ def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, n
     return (None, out) if curl else out
 
 
+def near_field_along(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
+                     along, mode: str):
+    """The curl of the near field's gradient differentiated along each
+    target's direction along (M, d), sorted as the targets: (M, K)
+    (`pallas_p2p.near_field`'s along; jnp: forward mode through
+    `jfmm.ops.p2p.near_field`)."""
+    if mode == "jnp" or not kernel.pallas:
+        return p2p.curl(jax.jvp(
+            lambda y: p2p.near_field(kernel, y, tgt_start, src_sorted, q_sorted, src_start, near,
+                                     True)[1], (tgt_sorted,), (along.astype(tgt_sorted.dtype),))[1])
+    return pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
+                                 near, False, blocks=_blocks, interpret=mode == "interpret",
+                                 along=along)
+
+
 def near_field_hessian(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
                        mode: str):
     """`jfmm.ops.p2p.near_field_hessian` on backend `mode`."""
@@ -132,10 +147,13 @@ def near_field_hessian(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
 DENSE_CHECK_RATIO = 2 ** 14
 
 
-def dense(kernel, targets, sources, charges, gradient: bool, mode: str, hessian: bool = False):
+def dense(kernel, targets, sources, charges, gradient: bool, mode: str, hessian: bool = False,
+          curl: bool = False, along=None):
     """All-pairs sum on backend `mode` (targets None: the sources themselves);
     hessian: its second derivatives along the targets alone (M, K, d, d)
-    (`jfmm.ops.p2p.dense_hessian`).
+    (`jfmm.ops.p2p.dense_hessian`); curl: (None, the curl (M, K)), as
+    `near_field`; along (M, d): the curl of the gradient's derivative along
+    each target's direction (M, K) (`near_field_along`).
 
     The Pallas path is the near-field kernel on a one-leaf tree whose only
     neighbour is itself. Where N M >= DENSE_CHECK_RATIO (N + M), a sort finds
@@ -146,16 +164,23 @@ def dense(kernel, targets, sources, charges, gradient: bool, mode: str, hessian:
     y = sources if targets is None else targets
     if (mode == "jnp" or not kernel.pallas) and hessian:
         return p2p.dense_hessian(kernel, y, sources, charges)
+    if (mode == "jnp" or not kernel.pallas) and along is not None:
+        return p2p.curl(jax.jvp(lambda t: p2p.dense(kernel, t, sources, charges, True)[1],
+                                (y,), (along.astype(y.dtype),))[1])
     if mode == "jnp" or not kernel.pallas:
-        return p2p.dense(kernel, y, sources, charges, gradient)
+        phi, grad = p2p.dense(kernel, y, sources, charges, gradient or curl)
+        return (None, p2p.curl(grad)) if curl else (phi, grad)
     m, n = y.shape[0], sources.shape[0]
-    groups = 1 if targets is None or hessian else _source_groups(m, n)
+    one = targets is None or hessian or curl or along is not None
+    groups = 1 if one else _source_groups(m, n)
     if groups > 1:
         return _dense_groups(kernel, targets, sources, charges, gradient, mode, groups)
-    return _pallas_dense(kernel, targets, sources, charges, gradient, mode, hessian)
+    out = _pallas_dense(kernel, targets, sources, charges, gradient, mode, hessian, curl, along)
+    return (None, out) if curl else out
 
 
-def _pallas_dense(kernel, targets, sources, charges, gradient: bool, mode: str, hessian: bool):
+def _pallas_dense(kernel, targets, sources, charges, gradient: bool, mode: str, hessian: bool,
+                  curl: bool = False, along=None):
     """`dense` by the Pallas near-field kernel, in one group of sources."""
     y = sources if targets is None else targets
     m, n = y.shape[0], sources.shape[0]
@@ -173,7 +198,7 @@ def _pallas_dense(kernel, targets, sources, charges, gradient: bool, mode: str, 
     return pallas_p2p.near_field(kernel, y, t_start, sources, charges, s_start,
                                  jnp.zeros((1, 1), jnp.int32), gradient, blocks=blocks,
                                  interpret=mode == "interpret", coincide=(g0, g1),
-                                 hessian=hessian)
+                                 hessian=hessian, curl=curl, along=along)
 
 
 # Few targets: one tile of targets per program walks every source, and too

@@ -59,23 +59,27 @@ class Blocks:
 
 def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
             dim: int, blocks: Blocks, gradient: bool, interpret: bool, hessian: bool = False,
-            curl: bool = False):
+            curl: bool = False, along: bool = False):
     """One target tile. meta row: [t0, t1, n, g0, g1, s0[0..width), s1[0..width)]
     (n ranges in use, see `jfmm.ops.p2p.source_ranges`; [g0, g1) the
     sources that may equal a target); refs: the kernel's scalar parameters
     (each (1,)), then phi and grad, or (hessian) the second derivatives'
-    upper triangles (`_PAIRS`) alone, or (curl) the curls alone."""
-    single = hessian or curl
-    *param_refs, phi_ref, grad_ref = refs if not single else refs + (None,)
+    upper triangles (`_PAIRS`) alone, or (curl) the curls alone; along: the
+    targets' directions (d, M) come first, and the curls of the gradients'
+    derivatives along them are the output."""
+    single = hessian or curl or along
+    a_ref, *refs = refs if along else (None,) + refs
+    *param_refs, phi_ref, grad_ref = refs if not single else refs + [None]
     params = [r[0] for r in param_refs]
     t_sz, s_sz = blocks.targets, blocks.sources
     i = pl.program_id(0)
     t0, g0, g1 = meta_ref[i, 0], meta_ref[i, 3], meta_ref[i, 4]
     y = [y_ref[a, pl.ds(t0, t_sz)] for a in range(dim)]
+    dirs = [a_ref[a, pl.ds(t0, t_sz)][:, None] for a in range(dim)] if along else None
     dt = y[0].dtype
     zeros = jnp.zeros((t_sz, s_sz), dt)
     pairs = _PAIRS[dim]
-    per = len(pairs) if hessian else 1 if curl else 1 + (dim if gradient else 0)
+    per = len(pairs) if hessian else 1 if curl or along else 1 + (dim if gradient else 0)
     init = tuple([zeros] * (n_k * per))
 
     def fma(a, b, c):
@@ -84,7 +88,7 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
     def pair(guard):
         def f(params, r2):
             kernel = jax.tree_util.tree_unflatten(treedef, params)
-            if hessian:
+            if hessian or along:
                 return kernel.hessian_pair(r2, guard=guard)
             return kernel.pair(r2, gradient or curl, differentiable=False, guard=guard)
         return fast_math(f, interpret) if blocks.fast_math else f
@@ -111,6 +115,16 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
                 for j, (a, b) in enumerate(pairs):
                     o = k * len(pairs) + j
                     out[o] = fma(bd[a], diff[b], out[o] + aq if a == b else out[o])
+            return tuple(out)
+        if along:               # A (a x q) + B (diff . a) (diff x q), a the target's direction
+            bda = g * fma(diff[2], dirs[2], fma(diff[1], dirs[1], diff[0] * dirs[0]))
+            for k in range(0, n_k, 3):
+                q, nq = [v[None, :] for v in qs[k:k + 3]], [-v[None, :] for v in qs[k:k + 3]]
+                for a in range(3):
+                    b, c = (a + 1) % 3, (a + 2) % 3
+                    dq = fma(diff[c], nq[b], diff[b] * q[c])
+                    aq = fma(dirs[c], nq[b], dirs[b] * q[c])
+                    out[k + a] = fma(kv, aq, fma(bda, dq, out[k + a]))
             return tuple(out)
         if curl:                # g (diff x q): the cross product first, from -q per source
             for k in range(0, n_k, 3):
@@ -164,7 +178,8 @@ _PAIRS = {d: [(a, b) for a in range(d) for b in range(a, d)] for d in (2, 3)}
 
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
                near, gradient: bool, blocks: Blocks = Blocks(), interpret: bool = False,
-               coincide=None, hessian: bool = False, tiles=None, curl: bool = False):
+               coincide=None, hessian: bool = False, tiles=None, curl: bool = False,
+               along=None):
     """Pallas twin of `jfmm.ops.p2p.near_field` (same arguments and results).
 
     coincide: None, or (g0, g1) int arrays, one entry per target tile of
@@ -183,6 +198,11 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     curl=True (3D, K a multiple of 3): the curl of the gradient of each
     triple of charge columns, (M, K) (`jfmm.ops.p2p.near_field`'s curl):
     three sums a pair where the gradient takes K + 3K.
+
+    along (M, 3), the targets' directions a (sorted as they are): the curls
+    of the gradients' derivatives along them, (M, K) (`p2p.curl` of the
+    second derivatives contracted with a, from `Kernel.hessian_pair`): for
+    the stretching (a . grad) u of vortex elements, three sums a pair.
 
     tiles: (leaf, t0, t1) of the target tiles to run (`leaf_tiles` with
     `blocks.targets`; coincide then per one of them), or None for all.
@@ -205,11 +225,12 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
                  jax.ShapeDtypeStruct((n_tiles, n_k * dim if gradient else 1, t_sz), dt)]
     if hessian:
         out_shape = [jax.ShapeDtypeStruct((n_tiles, n_k * len(_PAIRS[dim]), t_sz), dt)]
-    if curl:
+    if curl or along is not None:
         if dim != 3 or n_k % 3:
             raise ValueError(f"the curl takes 3D points and charge columns in threes, got "
                              f"dimension {dim} and {n_k} columns")
         out_shape = out_shape[:1]
+    extra = [] if along is None else [ref.pad_rows(along.astype(dt), t_sz).T]
     # Kernel parameters are traced values: they enter as inputs, not constants.
     leaves, treedef = jax.tree_util.tree_flatten(kernel)
     if any(jnp.ndim(leaf) for leaf in leaves):
@@ -217,10 +238,11 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     params = [jnp.reshape(jnp.asarray(leaf, dt), (1,)) for leaf in leaves]
     body = functools.partial(_kernel, treedef=treedef, width=width, n_k=n_k, dim=dim,
                              blocks=blocks, gradient=gradient, interpret=interpret,
-                             hessian=hessian, curl=curl)
+                             hessian=hessian, curl=curl, along=along is not None)
     outs = pl.pallas_call(
         body, out_shape=out_shape, grid=(n_tiles,), interpret=interpret,
-        compiler_params=compiler_params(blocks.num_warps, interpret))(meta, y, x, q, *params)
+        compiler_params=compiler_params(blocks.num_warps, interpret))(meta, y, x, q, *extra,
+                                                                      *params)
     if hessian:                 # (tiles, K * pairs, T) -> (M, K, d, d), symmetric
         upper = jnp.transpose(outs[0].reshape(n_tiles, n_k, -1, t_sz), (0, 3, 1, 2))
         upper = ref.scatter_tiles(upper, None, t0, t1, m)[0]
@@ -228,7 +250,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
         for j, (a, b) in enumerate(_PAIRS[dim]):
             index[a, b] = index[b, a] = j
         return upper[..., index]
-    if curl:
+    if curl or along is not None:
         return ref.scatter_tiles(jnp.swapaxes(outs[0], 1, 2), None, t0, t1, m)[0]
     phi_t, grad_t = outs
     grad = None
