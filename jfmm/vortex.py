@@ -8,11 +8,12 @@ f(r) = 1/r^3 for the singular law, a smoothed f for a vortex core of size s.
 Every f is -G'(r)/r for a stream kernel G, so u is the curl of the vector
 potential psi_k(y) = (1/4 pi) sum_i alpha_ik G(|y - x_i|): one `jfmm.fmm`
 call with the three strength components as charge columns and
-gradient="curl" gives every velocity (its near field sums the curl alone). The velocity gradient and stretching come from the
-same call differentiated along the target (`jfmm.primitive`: second
-derivatives of the approximation, `jfmm.passes.hessian`); these take the
-FMM from 2^28 pairs on even where `jfmm.fmm` would sum all pairs
-(`_second_leaf`).
+gradient="curl" gives every velocity (its near field sums the curl alone).
+The velocity gradient and stretching come from the same call
+differentiated along the target (`jfmm.primitive`: second derivatives of
+the approximation, `jfmm.passes.hessian`; the stretching, along each
+element's strength, `jfmm.passes.curl_along`); these take the FMM from
+2^28 pairs on even where `jfmm.fmm` would sum all pairs (`_second_leaf`).
 
 Cores (`smoothing=`), with f and the stream kernel G (rho = r / s):
 
@@ -68,6 +69,7 @@ from jfmm._compat import Tracer
 from jfmm.kernels import Kernel, Laplace2D, Laplace3D, _pytree_dataclass
 from jfmm.models import Unreachable
 from jfmm.models import laplace3d as laplace3d_model
+from jfmm.ops import p2p
 
 __all__ = ["CORES", "State", "energy", "impulse", "step", "stream_kernel", "stretching", "velocity",
            "velocity_2d"]
@@ -186,13 +188,6 @@ def stream_kernel(smoothing: str = "singular", core=0.0) -> Kernel:
         raise ValueError(f"smoothing {smoothing!r} needs a core size > 0, got {core}")
     return {"rosenhead_moore": RosenheadMoore, "winckelmans": Winckelmans,
             "gaussian": GaussianCore, "polynomial": PolynomialCore}[smoothing](core)
-
-
-def _curl(g):
-    """curl psi from grad psi: g (..., 3, 3) with [k, j] = d psi_k / d y_j."""
-    return jnp.stack([g[..., 2, 1] - g[..., 1, 2],
-                      g[..., 0, 2] - g[..., 2, 0],
-                      g[..., 1, 0] - g[..., 0, 1]], axis=-1)
 
 
 def _check(sources, strengths, targets, dim: int):
@@ -323,17 +318,20 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
         return _grad_psi(sources, strengths, targets, kernel, eps, leaf_size, curl=True)
     second = _second(eps, kernel, sources.dtype)
     leaf_size = _second_leaf(leaf_size, kernel, second, sources, targets)
-    return _and_gradient(lambda t: _curl(_grad_psi(sources, strengths, t, kernel, second,
-                                                    leaf_size, eps)),
+    return _and_gradient(lambda t: p2p.curl(_grad_psi(sources, strengths, t, kernel, second,
+                                                      leaf_size, eps)),
                          sources if targets is None else targets)
 
 
 def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
                leaf_size=None):
     """Velocity u (N, 3) at the elements and their stretching (alpha_n . grad) u
-    (N, 3): d alpha / dt of the classical scheme. One FMM sum differentiated
-    along each element's own strength: the same second-derivative pass as
-    `velocity(gradient=True)`, contracted with alpha_n, also at eps / 5."""
+    (N, 3): d alpha / dt of the classical scheme. One FMM sum of the curl
+    (`jfmm.fmm`'s gradient="curl") differentiated along each element's own
+    strength, at eps / 5: its near field sums three terms a pair from the
+    kernel's second derivatives and its far field differentiates the L2P
+    along alpha_n (`jfmm.passes.curl_along`; reverse mode through it takes
+    the second derivatives of `velocity(gradient=True)`)."""
     sources, strengths, _ = _check(sources, strengths, None, 3)
     kernel = stream_kernel(smoothing, core)
     second = _second(eps, kernel, sources.dtype)
