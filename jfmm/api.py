@@ -601,7 +601,8 @@ def _apply(plan_, charges, gradient, mode):
     phi, grad, ok = _bind(plan_.tree, plan_.ops, plan_.kernel, q, plan_.config, plan_.check,
                           gradient, mode)
     if plan_.extent is not None:
-        beyond, nan = _beyond(plan_), jnp.asarray(jnp.nan, grad.dtype if phi is None else phi.dtype)
+        beyond = _beyond(plan_)
+        nan = jnp.asarray(jnp.nan, grad.dtype if phi is None else phi.dtype)
         phi = None if phi is None else jnp.where(beyond, nan, phi)
         grad = None if grad is None else jnp.where(beyond, nan, grad)
     if gradient == "curl":
