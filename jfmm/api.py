@@ -152,9 +152,9 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     columns' gradients, (M, 3k) (complex charges: complex curls): for
     vector potentials psi = (phi_0, phi_1, phi_2), curl psi, the
     Biot-Savart law (`jfmm.vortex`), at the gradient's order (eps holds
-    for the gradient; the curl, a signed sum of its components, errs as
-    much in absolute terms); its near field sums the curl alone (a third
-    of the gradient's sums on a GPU).
+    for the gradient; the curl's absolute L2 error is at most sqrt(2)
+    times the gradient's); its near field sums the curl alone (a third of
+    the gradient's sums on a GPU).
 
     jit-able with eps, gradient, leaf_size, tree and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes
