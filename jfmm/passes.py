@@ -170,6 +170,30 @@ def curl_along(tree: Tree, charges, along, kernel: kernels.Kernel, config: Confi
     return caller_order(tree, c, None, False, config)[0]
 
 
+def adaptive_curl_along(tree: adaptive.AdaptiveTree, charges, along, kernel: kernels.Kernel,
+                        config: Config, ops, mode: str = "jnp"):
+    """`curl_along` on an adaptive tree: the near field over the U lists
+    from `Kernel.hessian_pair` on backend `mode`, the far field (L2P and
+    the W lists' M2P) by forward mode through their jnp twins."""
+    family, p = config.family, config.order
+    q_sorted = charges[tree.src_perm]
+    a_sorted = along[tree.tgt_perm]
+    busy = adaptive.busy_leaves(tree, tree.tgt_sorted.shape[0])
+    c = backend.near_field_along(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
+                                 q_sorted, tree.src_start, tree.near, a_sorted, mode,
+                                 leaves=busy)
+    if family is not None and tree.depth >= 2:
+        mult = adaptive_upward(tree, q_sorted, family, ops, p, tree.box_side(tree.level), mode)
+        loc = adaptive_downward(tree, mult, q_sorted, family, ops, kernel, p, mode)
+
+        def far_gradient(y):
+            moved = dataclasses.replace(tree, tgt_sorted=y)
+            return _adaptive_far(moved, mult, loc, family, kernel, p, True, "jnp")[1]
+
+        c = c + p2p.curl(jax.jvp(far_gradient, (tree.tgt_sorted,), (a_sorted,))[1])
+    return caller_order(tree, c, None, False)[0]
+
+
 def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp"):
     """The leaves' local expansions (n_leaves, K, P) at the sorted targets:
     phi (M, K), grad (M, K, d) or None."""
@@ -392,19 +416,24 @@ def adaptive_evaluate(tree: adaptive.AdaptiveTree, q_sorted, kernel: kernels.Ker
     if family is None or tree.depth < 2:
         return phi, grad
     gradient = gradient or curl
-    side = tree.box_side(tree.level)
-    mult = adaptive_upward(tree, q_sorted, family, ops, p, side, mode)
+    mult = adaptive_upward(tree, q_sorted, family, ops, p, tree.box_side(tree.level), mode)
     loc = adaptive_downward(tree, mult, q_sorted, family, ops, kernel, p, mode)
+    fphi, fgrad = _adaptive_far(tree, mult, loc, family, kernel, p, gradient, mode, busy)
+    if curl:
+        return None, grad + p2p.curl(fgrad)
+    return phi + fphi, grad + fgrad if gradient else None
+
+
+def _adaptive_far(tree: adaptive.AdaptiveTree, mult, loc, family, kernel, p: int,
+                  gradient: bool, mode: str, busy=None):
+    """The far field at the sorted targets of an adaptive tree from its
+    multipoles and locals: the L2P and the W lists' M2P, (phi, grad)."""
+    side = tree.box_side(tree.level)
     leaf = tree.tgt_leaf
     u = (tree.tgt_sorted - tree.center[leaf]) / side[leaf][:, None]
     coef = family.l2p_coefficients(loc, p, gradient)
-    lphi, lgrad = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode,
-                              busy)
-    if curl:
-        far = w_lists(tree, mult, family, kernel, p, True, mode, (lphi, lgrad))[1]
-        return None, grad + p2p.curl(far)
-    return w_lists(tree, mult, family, kernel, p, gradient, mode,
-                   (phi + lphi, grad + lgrad if gradient else None))
+    into = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode, busy)
+    return w_lists(tree, mult, family, kernel, p, gradient, mode, into)
 
 
 def caller_order(tree, phi, grad, gradient: bool, config: Config | None = None):

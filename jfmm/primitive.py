@@ -48,7 +48,7 @@ from jfmm import distributed, passes
 from jfmm._compat import Primitive, ShapedArray, ad, batching, mlir
 from jfmm.configure import Config
 from jfmm.ops import p2p
-from jfmm.tree import Tree
+from jfmm.tree import Tree, adaptive
 
 
 class Spec(NamedTuple):
@@ -332,8 +332,8 @@ def _curl_jvp(primals, tangents, spec: Spec):
 
 # along_p: the curl output's derivative along per-target moves dy (*b, M, d),
 # linear in dy: sum_j curl (D^2 G(y_i - x_j) dy_i) [q_j], (*b, M, K). Its
-# value sums three terms a pair (`passes.curl_along`) where the primitive's
-# second derivatives take that path (one device, a uniform tree); its own
+# value sums three terms a pair (`passes.curl_along`, `adaptive_curl_along`)
+# on one device; its own
 # derivatives, transpose and batching are those of its meaning through
 # sum_p's second derivatives (`_along_meaning`).
 along_p = Primitive("jfmm_curl_along")
@@ -352,9 +352,12 @@ def _along_impl(*args, spec: Spec):
     tl, ol, kl, ws = _split(rest, spec)
     tree, ops, kernel = _unflatten(spec, tl, ol, kl)
     config = spec.config
-    if (spec.nbatch == 0 and config.mesh is None and isinstance(tree, Tree)
+    if (spec.nbatch == 0 and config.mesh is None
             and (config.family is None or config.family.SCHEME == "tree")):
-        return passes.curl_along(tree, ws[0], dy, kernel, config, ops, spec.mode)
+        if isinstance(tree, Tree):
+            return passes.curl_along(tree, ws[0], dy, kernel, config, ops, spec.mode)
+        if isinstance(tree, adaptive.AdaptiveTree):
+            return passes.adaptive_curl_along(tree, ws[0], dy, kernel, config, ops, spec.mode)
     return _along_meaning(*args, spec=spec)
 
 

@@ -67,7 +67,7 @@ CASES = [("singular", 0.0, "cluster", False, 500), ("rosenhead_moore", 0.03, "cu
 def test_fmm_curl_matches_biot_savart(rng):
     """jfmm.fmm(gradient="curl") of two strength triples (4 pi u of each)
     against float64 Biot-Savart sums: clustered elements eagerly on an
-    adaptive tree, on targets apart through a plan (a uniform tree), complex
+    adaptive tree, with its derivative along target moves, on targets apart through a plan (a uniform tree), complex
     strengths (`vortex.velocity` below: uniform trees, traced points);
     its gradient in the strengths against the numpy transpose
     sum_i f_i (w_i x d_i); bad input."""
@@ -75,10 +75,14 @@ def test_fmm_curl_matches_biot_savart(rng):
     x = points("cluster", n, rng)
     a = rng.standard_normal((n, 6))
     y = rng.random((200, 3))
-    want = 4 * np.pi * np.concatenate([biot_savart(x, a[:, :3], x)[0],
-                                        biot_savart(x, a[:, 3:], x)[0]], axis=1)
-    got = jfmm.fmm(x, a, eps=eps, gradient="curl", leaf_size=8, tree="adaptive")
+    (u0, du0), (u1, du1) = biot_savart(x, a[:, :3], x), biot_savart(x, a[:, 3:], x)
+    want = 4 * np.pi * np.concatenate([u0, u1], axis=1)
+    # and its derivative along target moves (the stretching's `along_p`)
+    got, along = jax.jvp(lambda t: jfmm.fmm(x, a, t, eps=eps, gradient="curl", leaf_size=8,
+                                            tree="adaptive"), (x,), (a[:, :3],))
     assert got.shape == (n, 6) and rel(got, want) < eps
+    moved = 4 * np.pi * np.einsum("mkij,mj->mki", np.stack([du0, du1], 1), a[:, :3])
+    assert rel(along, moved.reshape(n, 6)) < eps
     pl = jfmm.plan(x, y, eps=eps, gradient=True, leaf_size=8)
     c = a[:, :3] + 1j * a[:, 3:]
     on_y = 4 * np.pi * (biot_savart(x, a[:, :3], y)[0] + 1j * biot_savart(x, a[:, 3:], y)[0])

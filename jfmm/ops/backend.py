@@ -116,18 +116,24 @@ def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, n
 
 
 def near_field_along(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
-                     along, mode: str):
+                     along, mode: str, leaves: int | None = None):
     """The curl of the near field's gradient differentiated along each
     target's direction along (M, d), sorted as the targets: (M, K)
     (`pallas_p2p.near_field`'s along; jnp: forward mode through
-    `jfmm.ops.p2p.near_field`)."""
+    `jfmm.ops.p2p.near_field`). leaves: as `near_field`."""
+    m = tgt_sorted.shape[0]
+    along = along.astype(tgt_sorted.dtype)
     if mode == "jnp" or not kernel.pallas:
-        return p2p.curl(jax.jvp(
-            lambda y: p2p.near_field(kernel, y, tgt_start, src_sorted, q_sorted, src_start, near,
-                                     True)[1], (tgt_sorted,), (along.astype(tgt_sorted.dtype),))[1])
-    return pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
-                                 near, False, blocks=_blocks, interpret=mode == "interpret",
-                                 along=along)
+        def run(*t):
+            grad = lambda y: p2p.near_field(kernel, y, tgt_start, src_sorted,  # noqa: E731
+                                            q_sorted, src_start, near, True, tiles=t)[1]
+            return p2p.curl(jax.jvp(grad, (tgt_sorted,), (along,))[1])
+        return tiles.in_steps(run, tgt_start, m, p2p.TILE, leaves)
+    return tiles.in_steps(
+        lambda *t: pallas_p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
+                                         src_start, near, False, blocks=_blocks,
+                                         interpret=mode == "interpret", tiles=t, along=along),
+        tgt_start, m, _blocks.targets, leaves)
 
 
 def near_field_hessian(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
