@@ -196,8 +196,8 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     d, d) (`jfmm.ops.p2p.near_field_hessian`), from `Kernel.hessian_pair`.
 
     curl=True (3D, K a multiple of 3): the curl of the gradient of each
-    triple of charge columns, (M, K) (`jfmm.ops.p2p.near_field`'s curl):
-    three sums a pair where the gradient takes K + 3K.
+    triple of charge columns, (M, K) (`jfmm.ops.p2p.curl` of the gradient):
+    three sums a pair and triple where potential and gradient take twelve.
 
     along (M, 3), the targets' directions a (sorted as they are): the curls
     of the gradients' derivatives along them, (M, K) (`p2p.curl` of the
