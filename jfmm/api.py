@@ -153,8 +153,8 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     vector potentials psi = (phi_0, phi_1, phi_2), curl psi, the
     Biot-Savart law (`jfmm.vortex`), at the gradient's order (eps holds
     for the gradient; the curl's absolute L2 error is at most sqrt(2)
-    times the gradient's); its near field sums the curl alone (a third of
-    the gradient's sums on a GPU).
+    times the gradient's); its near field sums the curl alone (on a GPU
+    three sums a pair and triple, where potential and gradient take 12).
 
     jit-able with eps, gradient, leaf_size, tree and the kernel's structure static;
     array sizes follow from input shapes alone, so no input of given shapes

@@ -72,7 +72,7 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
     `ops` (None where the tree has no far field); mode: the backend of the near
     field, P2M, M2L and L2P (jfmm.ops.backend). curl=True (3D, K a
     multiple of 3): (None, `p2p.curl` of grad), the near field summing the
-    curl alone (on a GPU a third of the gradient's sums).
+    curl alone (on a GPU three sums a pair and triple, not twelve).
     """
     family, p = config.family, config.order
     q_sorted = charges[tree.src_perm]
