@@ -138,60 +138,45 @@ def hessian(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
     return caller_order(tree, h, None, False, config)[0]
 
 
-def curl_along(tree: Tree, charges, along, kernel: kernels.Kernel, config: Config, ops,
+def curl_along(tree, charges, along, kernel: kernels.Kernel, config: Config, ops,
                mode: str = "jnp"):
     """The curl of grad phi's derivative along each target's direction,
-    (M, K) in the caller's target order, on a uniform tree (families of
-    SCHEME "tree", or none); charges (N, K), K a multiple of 3, and along
-    (M, 3) in the caller's orders. The near field's (or all pairs') from
-    `Kernel.hessian_pair`, three sums a pair on backend `mode`; the far
-    field's by forward mode through the jnp L2P along the directions: for
-    vortex stretching, where `hessian` sums every second derivative."""
+    (M, K) in the caller's target order, on a uniform or adaptive tree
+    (families of SCHEME "tree", or none); charges (N, K), K a multiple of
+    3, and along (M, 3) in the caller's orders. The near field's (or all
+    pairs') from `Kernel.hessian_pair`, three sums a pair on backend
+    `mode`; the far field's (L2P, and an adaptive tree's W lists) by
+    forward mode through the jnp twins along the directions: for vortex
+    stretching, where `hessian` sums every second derivative."""
     family, p = config.family, config.order
     q_sorted = charges[tree.src_perm]
     a_sorted = along[tree.tgt_perm]
-    if tree.depth == 0:
+    adaptive_tree = isinstance(tree, adaptive.AdaptiveTree)
+    if not adaptive_tree and tree.depth == 0:
         targets = None if tree.shared else tree.tgt_sorted
         c = backend.dense(kernel, targets, tree.src_sorted, q_sorted, False, mode,
                           along=a_sorted)
         return caller_order(tree, c, None, False, config)[0]
-    near = lists.neighbors(tree.depth, tree.dim)
+    if adaptive_tree:
+        near, busy = tree.near, adaptive.busy_leaves(tree, tree.tgt_sorted.shape[0])
+    else:
+        near, busy = lists.neighbors(tree.depth, tree.dim), None
     c = backend.near_field_along(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
-                                 q_sorted, tree.src_start, near, a_sorted, mode)
+                                 q_sorted, tree.src_start, near, a_sorted, mode, leaves=busy)
     if family is not None and tree.depth >= 2:
-        loc = downward(tree, upward(tree, q_sorted, family, ops, p, mode), family, ops, kernel,
-                       p, mode)
-
-        def far_gradient(y):
-            moved = dataclasses.replace(tree, tgt_sorted=y)
-            return leaf_l2p(moved, loc, family, p, True, "jnp")[1]
-
-        c = c + p2p.curl(jax.jvp(far_gradient, (tree.tgt_sorted,), (a_sorted,))[1])
-    return caller_order(tree, c, None, False, config)[0]
-
-
-def adaptive_curl_along(tree: adaptive.AdaptiveTree, charges, along, kernel: kernels.Kernel,
-                        config: Config, ops, mode: str = "jnp"):
-    """`curl_along` on an adaptive tree: the near field over the U lists
-    from `Kernel.hessian_pair` on backend `mode`, the far field (L2P and
-    the W lists' M2P) by forward mode through their jnp twins."""
-    family, p = config.family, config.order
-    q_sorted = charges[tree.src_perm]
-    a_sorted = along[tree.tgt_perm]
-    busy = adaptive.busy_leaves(tree, tree.tgt_sorted.shape[0])
-    c = backend.near_field_along(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
-                                 q_sorted, tree.src_start, tree.near, a_sorted, mode,
-                                 leaves=busy)
-    if family is not None and tree.depth >= 2:
-        mult = adaptive_upward(tree, q_sorted, family, ops, p, tree.box_side(tree.level), mode)
-        loc = adaptive_downward(tree, mult, q_sorted, family, ops, kernel, p, mode)
-
-        def far_gradient(y):
-            moved = dataclasses.replace(tree, tgt_sorted=y)
-            return _adaptive_far(moved, mult, loc, family, kernel, p, True, "jnp")[1]
-
-        c = c + p2p.curl(jax.jvp(far_gradient, (tree.tgt_sorted,), (a_sorted,))[1])
-    return caller_order(tree, c, None, False)[0]
+        if adaptive_tree:
+            mult = adaptive_upward(tree, q_sorted, family, ops, p, tree.box_side(tree.level),
+                                   mode)
+            loc = adaptive_downward(tree, mult, q_sorted, family, ops, kernel, p, mode)
+            far = lambda t: _adaptive_far(t, mult, loc, family, kernel, p, True,  # noqa: E731
+                                          "jnp")
+        else:
+            loc = downward(tree, upward(tree, q_sorted, family, ops, p, mode), family, ops,
+                           kernel, p, mode)
+            far = lambda t: leaf_l2p(t, loc, family, p, True, "jnp")  # noqa: E731
+        moved = lambda y: far(dataclasses.replace(tree, tgt_sorted=y))[1]  # noqa: E731
+        c = c + p2p.curl(jax.jvp(moved, (tree.tgt_sorted,), (a_sorted,))[1])
+    return caller_order(tree, c, None, False, None if adaptive_tree else config)[0]
 
 
 def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp"):

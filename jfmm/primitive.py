@@ -244,6 +244,13 @@ def _zero(t) -> bool:
     return type(t) is ad.Zero
 
 
+def _check_moves(spec: Spec):
+    """Derivatives along point moves need an order that holds the gradient."""
+    if not spec.config.gradient:
+        raise ValueError("differentiating along point moves needs gradients within eps: "
+                         "make the plan with jfmm.plan(..., gradient=True)")
+
+
 def _jvp(primals, tangents, *, spec: Spec):
     if spec.curl:
         return _curl_jvp(primals, tangents, spec)
@@ -253,9 +260,8 @@ def _jvp(primals, tangents, *, spec: Spec):
     tree = spec.tree_def.unflatten(tl)
     dsrc, dtgt = dtree.src_sorted, dtree.tgt_sorted
     move_y = not _zero(dtgt)
-    if (move_y or not _zero(dsrc)) and not spec.config.gradient:
-        raise ValueError("differentiating along point moves needs gradients within eps: "
-                         "make the plan with jfmm.plan(..., gradient=True)")
+    if move_y or not _zero(dsrc):
+        _check_moves(spec)
     outs = _rebind(spec, tl, ol, kl, ws, spec.top + move_y)
     primal = outs[:spec.top + 1]
 
@@ -318,9 +324,7 @@ def _curl_jvp(primals, tangents, spec: Spec):
     dtree = spec.tree_def.unflatten(dtl)
     if (_zero(dtree.src_sorted) and not _zero(dtree.tgt_sorted)
             and all(_zero(t) for t in list(dws.values()) + list(dkl))):
-        if not spec.config.gradient:
-            raise ValueError("differentiating along point moves needs gradients within eps: "
-                             "make the plan with jfmm.plan(..., gradient=True)")
+        _check_moves(spec)
         dy = _unsort(dtree.tgt_sorted, spec.tree_def.unflatten(tl).tgt_perm)
         primal = _placed(sum_p.bind(*primals, spec=spec), spec)
         return primal, [along_p.bind(*tl, *ol, *kl, ws[0], dy, spec=spec)]
@@ -332,8 +336,7 @@ def _curl_jvp(primals, tangents, spec: Spec):
 
 # along_p: the curl output's derivative along per-target moves dy (*b, M, d),
 # linear in dy: sum_j curl (D^2 G(y_i - x_j) dy_i) [q_j], (*b, M, K). Its
-# value sums three terms a pair (`passes.curl_along`, `adaptive_curl_along`)
-# on one device; its own
+# value sums three terms a pair (`passes.curl_along`) on one device; its own
 # derivatives, transpose and batching are those of its meaning through
 # sum_p's second derivatives (`_along_meaning`).
 along_p = Primitive("jfmm_curl_along")
@@ -353,11 +356,9 @@ def _along_impl(*args, spec: Spec):
     tree, ops, kernel = _unflatten(spec, tl, ol, kl)
     config = spec.config
     if (spec.nbatch == 0 and config.mesh is None
+            and isinstance(tree, (Tree, adaptive.AdaptiveTree))
             and (config.family is None or config.family.SCHEME == "tree")):
-        if isinstance(tree, Tree):
-            return passes.curl_along(tree, ws[0], dy, kernel, config, ops, spec.mode)
-        if isinstance(tree, adaptive.AdaptiveTree):
-            return passes.adaptive_curl_along(tree, ws[0], dy, kernel, config, ops, spec.mode)
+        return passes.curl_along(tree, ws[0], dy, kernel, config, ops, spec.mode)
     return _along_meaning(*args, spec=spec)
 
 

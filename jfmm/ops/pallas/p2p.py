@@ -116,23 +116,21 @@ def _kernel(meta_ref, y_ref, x_ref, q_ref, *refs, treedef, width: int, n_k: int,
                     o = k * len(pairs) + j
                     out[o] = fma(bd[a], diff[b], out[o] + aq if a == b else out[o])
             return tuple(out)
-        if along:               # A (a x q) + B (diff . a) (diff x q), a the target's direction
-            bda = g * fma(diff[2], dirs[2], fma(diff[1], dirs[1], diff[0] * dirs[0]))
+        if curl or along:
+            # curl: g (diff x q); along (a the target's direction): A (a x q)
+            # + B (diff . a)(diff x q). Cross products from -q per source.
+            if along:
+                bda = g * fma(diff[2], dirs[2], fma(diff[1], dirs[1], diff[0] * dirs[0]))
             for k in range(0, n_k, 3):
                 q, nq = [v[None, :] for v in qs[k:k + 3]], [-v[None, :] for v in qs[k:k + 3]]
                 for a in range(3):
                     b, c = (a + 1) % 3, (a + 2) % 3
                     dq = fma(diff[c], nq[b], diff[b] * q[c])
-                    aq = fma(dirs[c], nq[b], dirs[b] * q[c])
-                    out[k + a] = fma(kv, aq, fma(bda, dq, out[k + a]))
-            return tuple(out)
-        if curl:                # g (diff x q): the cross product first, from -q per source
-            for k in range(0, n_k, 3):
-                q, nq = [v[None, :] for v in qs[k:k + 3]], [-v[None, :] for v in qs[k:k + 3]]
-                for a in range(3):
-                    b, c = (a + 1) % 3, (a + 2) % 3
-                    cross = fma(diff[c], nq[b], diff[b] * q[c])
-                    out[k + a] = fma(g, cross, out[k + a])
+                    if along:
+                        aq = fma(dirs[c], nq[b], dirs[b] * q[c])
+                        out[k + a] = fma(kv, aq, fma(bda, dq, out[k + a]))
+                    else:
+                        out[k + a] = fma(g, dq, out[k + a])
             return tuple(out)
         for k in range(n_k):
             out[k] = fma(kv, qs[k][None, :], out[k])
