@@ -92,8 +92,7 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
     phi, grad = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, gradient, mode, curl=curl)
     if family is not None and tree.depth >= 2:
-        mult = upward(tree, q_sorted, family, ops, p, mode)
-        loc = downward(tree, mult, family, ops, kernel, p, mode)
+        loc = leaf_locals(tree, q_sorted, family, ops, kernel, p, mode)
         fphi, fgrad = leaf_l2p(tree, loc, family, p, gradient or curl, mode)
         if curl:
             grad = grad + p2p.curl(fgrad)
@@ -101,6 +100,28 @@ def evaluate(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
             phi = phi + fphi
             grad = grad + fgrad if gradient else None
     return _ordered(tree, phi, grad, gradient, curl, config)
+
+
+def leaf_locals(tree: Tree, q_sorted, family, ops, kernel: kernels.Kernel, p: int,
+                mode: str = "jnp"):
+    """The leaves' local expansions (n_leaves, K, P) of the sorted charges
+    (N, K): all a target needs from the sources beyond its leaf's
+    neighbours, whatever the targets."""
+    return downward(tree, upward(tree, q_sorted, family, ops, p, mode), family, ops, kernel,
+                    p, mode)
+
+
+def at_targets(tree: Tree, q_sorted, loc, kernel: kernels.Kernel, config: Config,
+               mode: str = "jnp"):
+    """phi (M, K) at the tree's targets, in the caller's order, from the
+    sorted charges (N, K) and their `leaf_locals` (a uniform tree of depth
+    >= 2, family of SCHEME "tree"): the near field and the L2P, for targets
+    that come after the sources' passes ran (`uniform.with_targets`)."""
+    near = lists.neighbors(tree.depth, tree.dim)
+    phi, _ = backend.near_field(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
+                                q_sorted, tree.src_start, near, False, mode)
+    fphi, _ = leaf_l2p(tree, loc, config.family, config.order, False, mode)
+    return caller_order(tree, phi + fphi, None, False, config)[0]
 
 
 def _ordered(tree, phi, grad, gradient: bool, curl: bool, config: Config | None = None):
@@ -127,8 +148,7 @@ def hessian(tree: Tree, charges, kernel: kernels.Kernel, config: Config, ops,
     h = backend.near_field_hessian(kernel, tree.tgt_sorted, tree.tgt_start, tree.src_sorted,
                                    q_sorted, tree.src_start, near, mode)
     if family is not None and tree.depth >= 2:
-        loc = downward(tree, upward(tree, q_sorted, family, ops, p, mode), family, ops, kernel,
-                       p, mode)
+        loc = leaf_locals(tree, q_sorted, family, ops, kernel, p, mode)
 
         def far_gradient(shift):
             moved = dataclasses.replace(tree, tgt_sorted=tree.tgt_sorted + shift)
@@ -171,8 +191,7 @@ def curl_along(tree, charges, along, kernel: kernels.Kernel, config: Config, ops
             far = lambda t: _adaptive_far(t, mult, loc, family, kernel, p, True,  # noqa: E731
                                           "jnp")
         else:
-            loc = downward(tree, upward(tree, q_sorted, family, ops, p, mode), family, ops,
-                           kernel, p, mode)
+            loc = leaf_locals(tree, q_sorted, family, ops, kernel, p, mode)
             far = lambda t: leaf_l2p(t, loc, family, p, True, "jnp")  # noqa: E731
         moved = lambda y: far(dataclasses.replace(tree, tgt_sorted=y))[1]  # noqa: E731
         c = c + p2p.curl(jax.jvp(moved, (tree.tgt_sorted,), (a_sorted,))[1])

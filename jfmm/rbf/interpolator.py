@@ -15,7 +15,7 @@ from jfmm._compat import Tracer
 from jfmm.models import Unreachable
 from jfmm.ops import backend
 from jfmm.models.chebyshev import ROUNDING_FLOOR
-from jfmm.rbf import local, nystrom, polynomial, system
+from jfmm.rbf import field, local, nystrom, polynomial, system
 
 # Up to this many data points the system is solved densely, as scipy does;
 # on the CPU up to DENSE_MAX_CPU: at 8,000 3D points (thin-plate, 2-core CPU,
@@ -459,6 +459,7 @@ class RBFInterpolator:
         compiled solve serves the constructor and every refit."""
         new = object.__new__(RBFInterpolator)
         new.__dict__.update(self.__dict__)
+        new.__dict__.pop("_field_cache", None)      # of the old coefficients
         new._coeffs = new._poly = new.iterations = new.residual = None
         if self._levels is not None:
             new._levels = tuple(lev._replace(inverse=None) for lev in self._levels)
@@ -633,15 +634,34 @@ class RBFInterpolator:
         st, m = self._static, lifted.shape[0]
         k = kernel_for(st.kernel, self.epsilon)
         padded = _padded(lifted)
+        out = None
         if system.direct(k, padded.shape[1], padded.dtype, self._sites.shape[0],
                          padded.shape[0], st.fmm_eps, st.order):
-            out = api.direct(self._sites, self._coeffs, padded, kernel=k)[:m]
-        else:
+            out = api.direct(self._sites, self._coeffs, padded, kernel=k)
+        elif not isinstance(padded, Tracer) and self._field() is not None:
+            out, inside = field.at(self._field(), padded)
+            out = out if bool(inside) else None         # points beyond the data's box
+        if out is None:
             out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
-                          family="chebyshev", order=st.order)[:m]
+                          family="chebyshev", order=st.order)
+        out = out[:m]
         p = polynomial.monomials((lifted - self._shift) / self._scale,
                                  _lift_powers(self.powers))
         return out + p @ self._poly
+
+    def _field(self):
+        """The data points' sum, ready for new points (`field.Field`),
+        built by the first eager evaluation that sums by the FMM and kept;
+        None for traced coefficients or where the FMM has no far field."""
+        if isinstance(self._coeffs, Tracer) or isinstance(self.epsilon, Tracer):
+            return None
+        if "_field_cache" not in self.__dict__:
+            st = self._static
+            top = None if self._levels is None else self._levels[0].own.plan
+            self._field_cache = field.build(self._sites, self._coeffs,
+                                            kernel_for(st.kernel, self.epsilon), st.fmm_eps,
+                                            top)
+        return self._field_cache
 
     def _local(self, x):
         """scipy's `neighbors` evaluation: each point's local interpolant."""

@@ -165,6 +165,18 @@ def build(sources, targets, depth: int) -> Tree:
     return Tree(lo, side, *src, *tgt, finite, depth=depth, dim=d, shared=targets is None)
 
 
+def with_targets(tree: Tree, targets) -> tuple[Tree, jax.Array]:
+    """The tree with new targets (M, d) sorted into its root box and leaves
+    (jit-able), and whether every one lies in the box (closed; a target
+    outside is counted in the nearest boundary leaf, where the leaf's
+    local expansion does not hold)."""
+    tgt = _sort(targets, tree.lo, tree.side, tree.depth)
+    inside = jnp.all((targets >= tree.lo) & (targets <= tree.lo + tree.side))
+    return dataclasses.replace(tree, tgt_perm=tgt[0], tgt_sorted=tgt[1], tgt_start=tgt[2],
+                               tgt_leaf=tgt[3], shared=False,
+                               finite=tree.finite & jnp.all(jnp.isfinite(targets))), inside
+
+
 @_xla.once(static_argnames=("depth",))
 def crowding(sources, targets, depth: int):
     """How much more near-field work the uniform tree of `depth` does on

@@ -506,3 +506,41 @@ def test_points_on_a_line_through_the_fmm(rng, small_levels, monkeypatch):
     ours = jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", method="krylov", tol=1e-8)
     assert ours.y.shape == (500, 1) and ours.powers.shape == (2, 1)
     assert rel(ours(x), ScipyRBF(y, d, kernel="thin_plate_spline")(x)) < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["uniform", "cluster"])
+def test_evaluation_through_the_fitted_field(kind, rng, monkeypatch):
+    """Evaluation by the FMM sums through the data points' leaf locals,
+    built once per fit (`jfmm.rbf.field`): against numpy sums of the
+    coefficients inside the data's box, beyond it (the plain FMM), and
+    after a refit (new coefficients, a new field)."""
+    from jfmm import configure
+    from jfmm.rbf import field
+
+    monkeypatch.setattr(system, "DIRECT_PAIRS", 0)
+    monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {}, "gpu": {}})
+    monkeypatch.setattr(field, "LEAF_SIZE", 32)
+    n = 1500
+    y = sites(kind, n, rng, 3)
+    d = values(y, rng, 2)
+    ours = jfmm.RBFInterpolator(y, d, kernel="linear", method="dense", tol=1e-4)
+    eps = ours._static.fmm_eps
+
+    def check(it, x):
+        c, a = np.asarray(it._coeffs), np.asarray(it._poly)       # linear: degree 0
+        far = -np.sqrt(np.sum((x[:, None, :] - y[None, :, :]) ** 2, axis=-1)) @ c
+        got = np.asarray(it(x))
+        assert np.linalg.norm(got - far - a) <= eps * np.linalg.norm(far)
+
+    lo, hi = y.min(0), y.max(0)
+    inside = lo + (hi - lo) * rng.random((700, 3))
+    check(ours, inside)
+    built = ours._field_cache
+    assert isinstance(built, field.Field) and built.tree.depth >= 2
+    check(ours, lo + (hi - lo) * rng.random((600, 3)))             # the same bucket
+    assert ours._field_cache is built
+    assert not bool(field.at(built, inside + 2 * (hi - lo))[1])
+    check(ours, np.concatenate([inside[:500], lo - 0.5 * (hi - lo) * rng.random((200, 3))]))
+    refit = ours.fit(d=values(y, rng, 2))
+    check(refit, inside)
+    assert refit._field_cache is not built
