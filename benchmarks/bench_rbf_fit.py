@@ -216,6 +216,7 @@ def user_case(kernel: str, n: int, points: str, tol: float) -> dict:
         out[f"evaluate_{m}_s"] = float(np.median(times))
         if m == 10_000:
             out["rms_error"] = rms_error(pred, user_function(x))
+    out["field"] = it.__dict__.get("_field_cache") is not None    # evaluation's path
     stats = jax.devices()[0].memory_stats() or {}
     out.update(peak_memory_gb=stats.get("peak_bytes_in_use", 0) / 2 ** 30,
                device=str(jax.devices()[0].device_kind), jax=jax.__version__,

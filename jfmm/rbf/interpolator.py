@@ -579,10 +579,14 @@ class RBFInterpolator:
     # ------------------------------------------------------------ evaluate
     def __call__(self, x):
         """The interpolant at x (M, dim): (M, ...) like d. Sums over all
-        data points by the FMM (one plan per call; the direct sum below
-        2^24 pairs, in chunks as scipy's), or with `neighbors` the local
-        interpolants. Compiled once per size bucket of M (M padded to
-        256, or the next 2^k or 1.5 x 2^k)."""
+        data points (the direct sum below 2^24 pairs, in chunks as scipy's,
+        or below the backend's crossover), or with `neighbors` the local
+        interpolants. By the FMM, the first eager call builds the data
+        points' leaf expansions (`jfmm.rbf.field`, kept with this fit) and
+        every later one sums from them: only its points' near field and
+        L2P run (points beyond the data's bounding box, and traced points,
+        take an FMM plan of their own). Compiled once per size bucket of M
+        (M padded to 256, or the next 2^k or 1.5 x 2^k)."""
         x = jnp.asarray(x)
         st = self._static
         if x.ndim != 2:
@@ -634,11 +638,13 @@ class RBFInterpolator:
         st, m = self._static, lifted.shape[0]
         k = kernel_for(st.kernel, self.epsilon)
         padded = _padded(lifted)
-        out = None
-        if system.direct(k, padded.shape[1], padded.dtype, self._sites.shape[0],
-                         padded.shape[0], st.fmm_eps, st.order):
+        out, concrete = None, not isinstance(padded, Tracer)
+        built = self.__dict__.get("_field_cache") if concrete else None
+        if built is None and system.direct(k, padded.shape[1], padded.dtype,
+                                           self._sites.shape[0], padded.shape[0], st.fmm_eps,
+                                           st.order):
             out = api.direct(self._sites, self._coeffs, padded, kernel=k)
-        elif not isinstance(padded, Tracer) and self._field() is not None:
+        elif concrete and self._field() is not None:        # built, or worth building
             out, inside = field.at(self._field(), padded)
             out = out if bool(inside) else None         # points beyond the data's box
         if out is None:
