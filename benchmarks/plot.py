@@ -394,6 +394,8 @@ def rbf_user(data, docs):
     # the last row of each case and process (rows of later commits follow)
     first = {(r["kernel"], r["n"]): r for r in rows if r["process"] == 0}
     second = {(r["kernel"], r["n"]): r for r in rows if r["process"] == 1}
+    # a second process counts beside the first only when it ran the same code
+    second = {c: r for c, r in second.items() if r.get("commit") == first[c].get("commit")}
     cases = sorted(first, key=lambda c: (c[1], c[0]))
     bars = (("first constructor", lambda r, c: r["construct_s"]),
             ("the same, second process", lambda r, c: second[c]["construct_s"]
@@ -410,7 +412,8 @@ def rbf_user(data, docs):
             ax.bar(xs, [first[c]["construct_compile_s"] for c in cases], width, color="none",
                    edgecolor="k", hatch="//", label="of which compiling")
     ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels([f"{kernel}\nN = {n:,}" for kernel, n in cases])
+    ax.set_xticklabels([f"{kernel}\nN = {n:,}\n({first[(kernel, n)].get('commit', '')})"
+                        for kernel, n in cases])
     ax.set(ylabel="seconds", title="RBFInterpolator as a user calls it (float64, residual "
            "1e-6, uniform 3D points)\n" + f"{rows[0]['device']}, jax {rows[0]['jax']}")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
