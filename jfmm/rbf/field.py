@@ -50,7 +50,8 @@ def build(points, coeffs, kernel, eps: float, plan=None) -> Field | None:
     uniform tree has no far field (depth < 2: the plain sum is then as
     cheap) or eps is out of the FMM's reach for these coefficients. plan:
     the fit's own plan of the points to themselves, whose tree and order
-    serve where its tree is uniform; else a uniform plan is made, its
+    serve where its tree is uniform (its kernel may be of other parameters:
+    the Chebyshev operators are built from `kernel`); else a uniform plan is made, its
     order chosen for these coefficients (`jfmm.plan`'s charges)."""
     if plan is None or not isinstance(plan.tree, Tree):
         try:
@@ -60,7 +61,7 @@ def build(points, coeffs, kernel, eps: float, plan=None) -> Field | None:
             return None
     if plan.config.family is None or plan.tree.depth < 2:
         return None
-    return backend.call(_locals_jits, plan.tree, plan.ops, plan.kernel, coeffs,
+    return backend.call(_locals_jits, plan.tree, plan.ops, kernel, coeffs,
                         config=plan.config, mode=backend.current())
 
 
