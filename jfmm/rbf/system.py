@@ -36,34 +36,45 @@ DIRECT_PAIRS = 2 ** 24
 
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["plan", "sources", "targets", "kernel"],
-                   meta_fields=["order"])
+                   meta_fields=["order", "work"])
 @dataclasses.dataclass(frozen=True)
 class PairSum:
     """phi(targets) = sum over sources of K(|t - s|) q: an FMM plan, or
     (plan None) the direct sum of sources (n, d) to targets (m, d). order:
     the Chebyshev order the FMM takes (or would take) for these points,
     None where none was asked for (pairs too few, or below the crossover by
-    eps alone)."""
+    eps alone). work: the dtype a direct sum runs in (None: the points'),
+    where it only preconditions (`COARSE`)."""
     plan: api.Plan | None
     sources: jax.Array
     targets: jax.Array
     kernel: object
     order: int | None = None
+    work: str | None = None
 
     def __call__(self, q):
         if self.plan is not None:
             return self.plan.apply(q)
-        return api.direct(self.sources, q, self.targets, kernel=self.kernel)
+        if self.work is None:
+            return api.direct(self.sources, q, self.targets, kernel=self.kernel)
+        def cast(a):
+            floating = jnp.issubdtype(jnp.result_type(a), jnp.floating)
+            return jnp.asarray(a, self.work) if floating else a
+        kernel = jax.tree_util.tree_map(cast, self.kernel)
+        return api.direct(cast(self.sources), cast(q), cast(self.targets),
+                          kernel=kernel).astype(q.dtype)
 
     def with_kernel(self, kernel) -> PairSum:
         plan = None if self.plan is None else dataclasses.replace(self.plan, kernel=kernel)
         return dataclasses.replace(self, plan=plan, kernel=kernel)
 
 
-def pair_sum(sources, targets, kernel, eps: float, order: int | None = None) -> PairSum:
+def pair_sum(sources, targets, kernel, eps: float, order: int | None = None,
+             work: str | None = None) -> PairSum:
     """A `PairSum`, built once: the direct sum below the crossover at the
-    FMM's order, else the FMM family "chebyshev" (every RBF kernel) with
-    the order chosen for eps, or given."""
+    FMM's order (in dtype `work` where given), else the FMM family
+    "chebyshev" (every RBF kernel) with the order chosen for eps, or
+    given."""
     n, m = sources.shape[0], targets.shape[0]
     dim, dtype = sources.shape[1], sources.dtype
     same = targets is sources
@@ -79,7 +90,8 @@ def pair_sum(sources, targets, kernel, eps: float, order: int | None = None) -> 
             # plan's check of the charges (`configure.checked`), judges them.
             plan = dataclasses.replace(plan, check=None)
             chosen = plan.order
-    return PairSum(plan, sources, targets, kernel, chosen)
+    return PairSum(plan, sources, targets, kernel, chosen,
+                   None if plan is not None or work == jnp.dtype(sources.dtype).name else work)
 
 
 def direct(kernel, dim: int, dtype, n: int, m: int, eps: float,
@@ -134,6 +146,13 @@ class Settings(NamedTuple):
     coarsest: int = 2000        # dense solve at or below this many points
 
 
+# The dtype of the direct sums on the coarse levels, which only precondition
+# (the top level's sums are the system's own). H200, 10^6 points, float64:
+# the coarse level's solve took 188 ms of the thin-plate spline's 244 ms an
+# iteration, its float64 logarithms most of it.
+COARSE = "float32"
+
+
 def _projector(points, exponents):
     """U (n, R): an orthonormal basis of the monomials at the points."""
     return _orthonormal_monomials(points, powers=tuple(map(tuple, exponents.tolist())))
@@ -173,8 +192,9 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
         pts, smooth = jax.device_put(here.astype(points.dtype)), _rows(smoothing, idx)
         last = len(idx) <= settings.coarsest
         own = down = sub = cores = ext = None
+        work = COARSE if levels else None   # sums below the top level precondition
         if not last or not levels:
-            own = pair_sum(pts, pts, kernel, eps, order)
+            own = pair_sum(pts, pts, kernel, eps, order, work)
             order = own.order           # the given one, or what the first level chose
         if not last:
             groups = schwarz.padded(schwarz.median_groups(here, settings.core),
@@ -182,7 +202,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
             local = schwarz.coarsen(here, groups, settings.core // settings.ratio)
             sub = jax.device_put(local.astype(np.int32))
             down = pair_sum(jax.device_put(here[local].astype(points.dtype)), pts, kernel,
-                            eps, order)
+                            eps, order, work)
             cores, ext = schwarz.subdomains(here, groups, settings.extended)
         levels.append(Level(pts, jax.device_put(idx.astype(np.int32)), smooth,
                             _projector(pts, exponents), own, down, sub, cores, ext, None))
