@@ -153,11 +153,6 @@ class Settings(NamedTuple):
 COARSE = "float32"
 
 
-# The error the sums from a coarse level to the one above may make (they
-# only precondition).
-COARSE_EPS = 1e-4
-
-
 def _projector(points, exponents):
     """U (n, R): an orthonormal basis of the monomials at the points."""
     return _orthonormal_monomials(points, powers=tuple(map(tuple, exponents.tolist())))
@@ -207,7 +202,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
             local = schwarz.coarsen(here, groups, settings.core // settings.ratio)
             sub = jax.device_put(local.astype(np.int32))
             down = pair_sum(jax.device_put(here[local].astype(points.dtype)), pts, kernel,
-                            max(eps, COARSE_EPS), None, work)
+                            eps, order, work)
             cores, ext = schwarz.subdomains(here, groups, settings.extended)
         levels.append(Level(pts, jax.device_put(idx.astype(np.int32)), smooth,
                             _projector(pts, exponents), own, down, sub, cores, ext, None))
