@@ -207,6 +207,27 @@ def test_solver_sums_follow_the_crossover(rng, monkeypatch):
     assert system.pair_sum(pts, pts, k, 1e-7).plan is not None
 
 
+def test_coarse_levels_sum_in_float32(rng, small_levels):
+    """Below the top level the direct sums only precondition and run in
+    float32 (`system.COARSE`), to float32's rounding of a numpy sum; the
+    top level's sums stay in the points' dtype, and the fit reaches its
+    tol."""
+    y = sites("cluster", 1300, rng, 3)
+    ours = jfmm.RBFInterpolator(y, values(y, rng), kernel="linear", method="krylov",
+                                tol=1e-10)
+    levels = ours._levels
+    assert len(levels) >= 3 and levels[0].own.work is None and levels[0].down.work is None
+    assert ours.residual <= 1e-10
+    coarse = levels[1].own
+    assert coarse.plan is None and coarse.work == "float32"
+    pts = np.asarray(coarse.sources)
+    q = rng.random(pts.shape[0]) - 0.5
+    r2 = np.sum((pts[:, None, :] - pts[None, :, :]) ** 2, axis=-1)
+    want = -np.sqrt(r2) @ q
+    got = coarse(jnp.asarray(q))
+    assert got.dtype == jnp.float64 and 1e-9 < rel(got, want) < 1e-5
+
+
 @pytest.mark.crossover
 def test_solver_sums_weigh_the_order_the_plan_takes(rng, monkeypatch):
     """The crossover scales with the order the plan would take, not the
