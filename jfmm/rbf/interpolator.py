@@ -638,18 +638,17 @@ class RBFInterpolator:
         st, m = self._static, lifted.shape[0]
         k = kernel_for(st.kernel, self.epsilon)
         padded = _padded(lifted)
-        out, concrete = None, not isinstance(padded, Tracer)
-        built = self.__dict__.get("_field_cache") if concrete else None
-        if built is None and system.direct(k, padded.shape[1], padded.dtype,
-                                           self._sites.shape[0], padded.shape[0], st.fmm_eps,
-                                           st.order):
+        concrete = not isinstance(padded, Tracer)
+        built = concrete and self.__dict__.get("_field_cache") is not None
+        if not built and system.direct(k, padded.shape[1], padded.dtype, self._sites.shape[0],
+                                       padded.shape[0], st.fmm_eps, st.order):
             out = api.direct(self._sites, self._coeffs, padded, kernel=k)
-        elif concrete and self._field() is not None:        # built, or worth building
-            out, inside = field.at(self._field(), padded)
-            out = out if bool(inside) else None         # points beyond the data's box
-        if out is None:
-            out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
-                          family="chebyshev", order=st.order)
+        else:
+            fitted = self._field() if concrete else None
+            out, inside = (None, False) if fitted is None else field.at(fitted, padded)
+            if not bool(inside):        # no field, or points beyond the data's box
+                out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
+                              family="chebyshev", order=st.order)
         out = out[:m]
         p = polynomial.monomials((lifted - self._shift) / self._scale,
                                  _lift_powers(self.powers))
