@@ -116,10 +116,12 @@ DEVICE_SEARCH = 2 ** 18
 
 
 def subdomains(x, groups: np.ndarray, extended: int, candidates: int = 64,
-               device: bool | None = None):
+               device: bool | None = None, sentinel: int | None = None,
+               rows: int | None = None):
     """Subdomains of x (n, d) with the median-split groups (G, core) as
-    cores (padded with -1): cores (G, core) and extended sets (G, m_ext),
-    int32, padded with the sentinel n. An extended set starts with its core
+    cores (padded with -1): cores (rows, core) and extended sets (rows,
+    m_ext), int32, padded with `sentinel` (default n), the rows past G
+    all sentinel (rows default G). An extended set starts with its core
     and continues with the points nearest the core's centroid that are not
     in it.
 
@@ -133,27 +135,29 @@ def subdomains(x, groups: np.ndarray, extended: int, candidates: int = 64,
     H200's host, the device 0.10-0.13 s."""
     count, core = groups.shape
     m_ext = min(extended, x.shape[0])
+    sentinel = x.shape[0] if sentinel is None else sentinel
+    rows = count if rows is None else rows
     if device is None:
         device = jax.default_backend() != "cpu" and x.shape[0] >= DEVICE_SEARCH
     enough = -(-(m_ext - core) // core) + 1            # cores holding enough points
     if device and m_ext > core:
         cores, ext, exact = _extended_sets(
             x, jax.device_put(np.asarray(groups, np.int32)), m_ext=m_ext,
-            candidates=min(max(candidates, enough), count))
+            candidates=min(max(candidates, enough), count), sentinel=sentinel, rows=rows)
         redo = np.flatnonzero(~np.asarray(exact))
         if redo.size:
             ext = ext.at[redo].set(_subdomains_host(np.asarray(x, np.float64), groups,
-                                                    extended, redo)[1])
+                                                    extended, sentinel, len(redo), redo)[1])
         return cores, ext
-    return _subdomains_host(np.asarray(x, np.float64), groups, extended)
+    return _subdomains_host(np.asarray(x, np.float64), groups, extended, sentinel, rows)
 
 
 # Cores whose extended sets the device searches at once.
 SEARCH_CHUNK = 256
 
 
-@functools.partial(jax.jit, static_argnames=("m_ext", "candidates"))
-def _extended_sets(x, groups, m_ext: int, candidates: int):
+@functools.partial(jax.jit, static_argnames=("m_ext", "candidates", "sentinel", "rows"))
+def _extended_sets(x, groups, m_ext: int, candidates: int, sentinel: int, rows: int):
     """`subdomains` on the device: cores, extended sets and whether each
     set is exact (G,)."""
     n = x.shape[0]
@@ -165,7 +169,7 @@ def _extended_sets(x, groups, m_ext: int, candidates: int):
     radius = jnp.sqrt(jnp.max(jnp.sum((pts - centres[:, None]) ** 2, -1) * w[..., 0], 1))
     extra = m_ext - core
     pad = -count % SEARCH_CHUNK
-    rows = jnp.arange(count + pad).reshape(-1, SEARCH_CHUNK)
+    blocks = jnp.arange(count + pad).reshape(-1, SEARCH_CHUNK)
 
     def block(g):                       # g (chunk,) core numbers, some past the end
         c = centres[jnp.minimum(g, count - 1)]
@@ -187,34 +191,47 @@ def _extended_sets(x, groups, m_ext: int, candidates: int):
         exact = jnp.where(taken[:, -1], last <= unseen, more <= candidates)
         return chosen, exact
 
-    chosen, exact = jax.lax.map(block, rows)
+    chosen, exact = jax.lax.map(block, blocks)
     chosen = chosen.reshape(-1, extra)[:count]
     cores = jnp.where(valid, groups, n)
-    return cores, jnp.concatenate([cores, chosen], axis=1), exact.reshape(-1)[:count]
+    ext = _resentinel(jnp.concatenate([cores, chosen], axis=1), n, sentinel, rows)
+    return _resentinel(cores, n, sentinel, rows), ext, exact.reshape(-1)[:count]
 
 
-def _subdomains_host(x: np.ndarray, groups: np.ndarray, extended: int, rows=None):
-    """`subdomains` by scipy's k-d tree, of the cores `rows` (default all)."""
+def _resentinel(a, n: int, sentinel: int, rows: int):
+    """Index rows a (G, w) with the sentinel n replaced by `sentinel`,
+    continued by rows of it to `rows` rows (numpy or jax arrays)."""
+    xp = jnp if isinstance(a, jax.Array) else np
+    a = xp.where(a >= n, sentinel, a).astype(np.int32)
+    return xp.concatenate([a, xp.full((rows - a.shape[0], a.shape[1]), sentinel, np.int32)])
+
+
+def _subdomains_host(x: np.ndarray, groups: np.ndarray, extended: int,
+                     sentinel: int | None = None, rows: int | None = None, which=None):
+    """`subdomains` by scipy's k-d tree, of the cores `which` (default all)."""
     from scipy.spatial import cKDTree
 
     n, core = len(x), groups.shape[1]
+    sentinel = n if sentinel is None else sentinel
     m_ext = min(extended, n)
     valid = groups >= 0
     owner = np.empty(n, np.int64)
     owner[groups[valid]] = np.nonzero(valid)[0]
-    rows = np.arange(len(groups)) if rows is None else rows
-    groups, valid = groups[rows], valid[rows]
+    which = np.arange(len(groups)) if which is None else which
+    rows = len(which) if rows is None else rows
+    groups, valid = groups[which], valid[which]
     cores = np.where(valid, groups, n).astype(np.int32)
     pts = x[np.where(valid, groups, 0)]
     centres = (pts * valid[..., None]).sum(1) / valid.sum(1)[:, None]
     _, near = cKDTree(x).query(centres, k=m_ext, workers=-1)
     near = near.reshape(len(groups), m_ext)
-    outside = owner[near] != rows[:, None]
+    outside = owner[near] != which[:, None]
     order = np.argsort(~outside, axis=1, kind="stable")       # outside points first, nearest first
     extra = np.take_along_axis(near, order, axis=1)[:, :max(m_ext - core, 0)]
     extra = np.where(np.take_along_axis(outside, order, axis=1)[:, :extra.shape[1]], extra, n)
-    return (jax.device_put(cores),
-            jax.device_put(np.concatenate([cores, extra.astype(np.int32)], axis=1)))
+    ext = np.concatenate([cores, extra.astype(np.int32)], axis=1)
+    return (jax.device_put(_resentinel(cores, n, sentinel, rows)),
+            jax.device_put(_resentinel(ext, n, sentinel, rows)))
 
 
 def _saddle(kernel, pts, valid, smoothing, powers):
@@ -284,11 +301,12 @@ def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: i
     return g.reshape(-1, n_core, m_ext)[:d]
 
 
-def coarsest_inverse(kernel, points, smoothing, powers):
+def coarsest_inverse(kernel, points, smoothing, powers, real):
     """The coefficient block of the inverse of the whole saddle system on
-    the coarsest level's points: (n, n)."""
+    the coarsest level's points where `real` (n,) bool (identity rows at
+    the others): (n, n)."""
     n = points.shape[0]
-    s = _saddle(kernel, points, jnp.ones((n,), bool), smoothing, powers)
+    s = _saddle(kernel, points, real, smoothing, powers)
     return jnp.linalg.solve(s, jnp.eye(s.shape[0], n, dtype=points.dtype))[:n]
 
 

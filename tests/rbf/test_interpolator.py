@@ -185,6 +185,37 @@ def test_krylov_clustered_sites(rng, small_levels):
     assert rel(ours(x), ref) < 1e-7
 
 
+def test_new_draws_along_lines_reuse_the_solve(rng, small_levels):
+    """Points along lines: the coarse levels' and subdomains' numbers vary
+    from draw to draw (ties split unevenly); rounded up to buckets, with
+    ghost points, a new draw of the same size has the same shapes (so it
+    compiles nothing) and still matches scipy."""
+    def draw():
+        heads = rng.random((30, 2))
+        y = np.concatenate([heads[rng.integers(0, 30, 1500)], rng.random((1500, 1))], axis=1)
+        return y, values(y, rng)
+
+    def shapes(it):
+        leaves, structure = jax.tree_util.tree_flatten(it._levels)
+        return structure, [np.shape(a) for a in leaves]
+
+    def real(it):
+        return [(int(np.sum(lev.members >= 0)), int(np.sum(lev.cores[:, 0] < len(lev.members))))
+                for lev in it._levels if lev.cores is not None]
+
+    first = jfmm.RBFInterpolator(*draw(), kernel="linear", method="krylov")
+    for _ in range(6):              # a draw whose real counts differ
+        y, d = draw()
+        it = jfmm.RBFInterpolator(y, d, kernel="linear", method="krylov")
+        if real(it) != real(first):
+            break
+    assert real(it) != real(first)
+    assert any(np.any(lev.members < 0) for lev in it._levels)          # ghosts
+    assert shapes(it) == shapes(first)
+    x = rng.random((200, 3))
+    assert rel(it(x), ScipyRBF(y, d, kernel="linear")(x)) < 1e-7
+
+
 @pytest.mark.crossover
 def test_solver_sums_follow_the_crossover(rng, monkeypatch):
     """Above DIRECT_PAIRS the backend's measured crossover decides between

@@ -72,6 +72,25 @@ def test_extended_sets_are_the_nearest_points(kind, candidates, rng):
         np.testing.assert_array_equal(np.sort(ext[g, 32:]), np.sort(np.argsort(d)[:224]))
 
 
+@pytest.mark.parametrize("device", [True, False])
+def test_subdomains_padded_to_a_bucket(device, rng):
+    """With a sentinel and a row count beyond the level's own (its ghost
+    points and subdomains): the same sets with n replaced by the sentinel,
+    then rows of the sentinel alone."""
+    x = cloud("lines", 3000, rng)
+    n = len(x)
+    groups = schwarz.padded(schwarz.median_groups(x, 32), 32, -1)
+    cores, ext = (np.asarray(a) for a in schwarz._subdomains_host(x, groups, 256))
+    sentinel, rows = n + 77, len(groups) + 5
+    pc, pe = (np.asarray(a) for a in schwarz.subdomains(
+        x, groups, 256, device=device, sentinel=sentinel, rows=rows))
+    assert pc.shape == (rows, 32) and pe.shape == (rows, 256)
+    np.testing.assert_array_equal(pc[:len(groups)], np.where(cores == n, sentinel, cores))
+    np.testing.assert_array_equal(np.sort(pe[:len(groups)], 1),
+                                  np.sort(np.where(ext == n, sentinel, ext), 1))
+    assert np.all(pc[len(groups):] == sentinel) and np.all(pe[len(groups):] == sentinel)
+
+
 def test_small_sets_take_what_there_is(rng):
     """Fewer points than an extended set: sets of n columns, each its core
     (padded with the sentinel n) and the nearest points outside it, as the
