@@ -259,10 +259,18 @@ def with_parameters(levels, kernel, smoothing, exponents, settings: Settings):
     """Levels for a kernel (new parameters) and smoothing (n,) of the data
     points: the sums take the kernel, the local inverses or the Nystrom
     factor are rebuilt (not differentiated: they only precondition)."""
+    return tuple(lev._replace(smoothing=s, inverse=inv) for lev, (s, inv) in
+                 zip(with_kernel(levels, kernel),
+                     parameters(levels, kernel, smoothing, exponents, settings)))
+
+
+def parameters(levels, kernel, smoothing, exponents, settings: Settings):
+    """Each level's smoothing and local inverses (or Nystrom factor, or
+    dense inverse on the last level) for a kernel and smoothing (n,) of the
+    data points: what `with_parameters` replaces, ((n_l,), inverse) pairs."""
     out = []
     frozen = jax.lax.stop_gradient(kernel)
-    core = settings.core
-    for lev in with_kernel(levels, kernel):
+    for lev in levels:
         smooth = smoothing[lev.members]
         s = jax.lax.stop_gradient(smooth)
         if settings.preconditioner == "nystrom":
@@ -272,8 +280,9 @@ def with_parameters(levels, kernel, smoothing, exponents, settings: Settings):
         elif lev.ext is None:
             inv = schwarz.coarsest_inverse(frozen, lev.points, s, exponents, lev.members >= 0)
         else:
-            inv = schwarz.local_inverses(frozen, lev.points, s, lev.ext, core, exponents)
-        out.append(lev._replace(smoothing=smooth, inverse=inv))
+            inv = schwarz.local_inverses(frozen, lev.points, s, lev.ext, settings.core,
+                                         exponents)
+        out.append((smooth, inv))
     return tuple(out)
 
 

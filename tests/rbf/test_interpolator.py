@@ -100,6 +100,23 @@ def test_krylov_matches_scipy(kernel, dim, smoothing, rng, small_levels):
     assert rel(ours(x), ref) < 1e-7
 
 
+def test_refits_keep_the_local_inverses_for_new_values_alone(rng, small_levels):
+    """fit(d=...) reuses the local inverses (the preconditioner does not
+    depend on d); fit(smoothing=...) rebuilds them. Both against scipy."""
+    y = sites("cluster", 1000, rng, 3)
+    x = rng.random((200, 3))
+    ours = jfmm.RBFInterpolator(y, values(y, rng), kernel="thin_plate_spline",
+                                method="krylov")
+    d2 = np.cos(4 * y[:, 1]) + y[:, 0] * y[:, 2] + rng.normal(size=1000)
+    refit = ours.fit(d=d2)
+    assert all(a.inverse is b.inverse for a, b in zip(refit._levels, ours._levels))
+    assert rel(refit(x), ScipyRBF(y, d2, kernel="thin_plate_spline")(x)) < 1e-7
+    smoother = refit.fit(smoothing=1e-3)
+    assert not any(a.inverse is b.inverse for a, b in zip(smoother._levels, ours._levels))
+    ref = ScipyRBF(y, d2, kernel="thin_plate_spline", smoothing=1e-3)(x)
+    assert rel(smoother(x), ref) < 1e-7
+
+
 @pytest.mark.parametrize("kernel, dim, epsilon, smoothing", [
     ("gaussian", 3, 3.0, 1e-5), ("inverse_multiquadric", 2, 2.0, None)])
 def test_nystrom_matches_scipy(kernel, dim, epsilon, smoothing, rng):
