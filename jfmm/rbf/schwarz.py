@@ -141,9 +141,14 @@ def subdomains(x, groups: np.ndarray, extended: int, candidates: int = 64,
         device = jax.default_backend() != "cpu" and x.shape[0] >= DEVICE_SEARCH
     enough = -(-(m_ext - core) // core) + 1            # cores holding enough points
     if device and m_ext > core:
+        # Shapes of the padded level alone (`rows` groups, `sentinel` points:
+        # copies of the first, never a group's), so that new points of the
+        # same number search by the same program.
+        xs = np.concatenate([x, np.broadcast_to(x[:1], (sentinel - len(x), x.shape[1]))])
+        gs = np.concatenate([groups, np.full((rows - count, core), -1, groups.dtype)])
         cores, ext, exact = _extended_sets(
-            x, jax.device_put(np.asarray(groups, np.int32)), m_ext=m_ext,
-            candidates=min(max(candidates, enough), count), sentinel=sentinel, rows=rows)
+            xs, jax.device_put(gs.astype(np.int32)), m_ext=m_ext,
+            candidates=min(max(candidates, enough), rows))
         redo = np.flatnonzero(~np.asarray(exact))
         if redo.size:
             ext = ext.at[redo].set(_subdomains_host(np.asarray(x, np.float64), groups,
@@ -156,17 +161,20 @@ def subdomains(x, groups: np.ndarray, extended: int, candidates: int = 64,
 SEARCH_CHUNK = 256
 
 
-@functools.partial(jax.jit, static_argnames=("m_ext", "candidates", "sentinel", "rows"))
-def _extended_sets(x, groups, m_ext: int, candidates: int, sentinel: int, rows: int):
-    """`subdomains` on the device: cores, extended sets and whether each
-    set is exact (G,)."""
+@functools.partial(jax.jit, static_argnames=("m_ext", "candidates"))
+def _extended_sets(x, groups, m_ext: int, candidates: int):
+    """`subdomains` on the device: cores, extended sets (sentinel n) and
+    whether each set is exact (G,). Groups of no points (rows of -1) get
+    sets of the sentinel alone."""
     n = x.shape[0]
     count, core = groups.shape
     valid = groups >= 0
+    live = valid.any(1)
     pts = x[jnp.where(valid, groups, 0)]
     w = valid[..., None].astype(x.dtype)
-    centres = jnp.sum(pts * w, 1) / jnp.sum(w, 1)
+    centres = jnp.sum(pts * w, 1) / jnp.maximum(jnp.sum(w, 1), 1)
     radius = jnp.sqrt(jnp.max(jnp.sum((pts - centres[:, None]) ** 2, -1) * w[..., 0], 1))
+    radius = jnp.where(live, radius, -jnp.inf)         # an empty group is no candidate
     extra = m_ext - core
     pad = -count % SEARCH_CHUNK
     blocks = jnp.arange(count + pad).reshape(-1, SEARCH_CHUNK)
@@ -192,18 +200,17 @@ def _extended_sets(x, groups, m_ext: int, candidates: int, sentinel: int, rows: 
         return chosen, exact
 
     chosen, exact = jax.lax.map(block, blocks)
-    chosen = chosen.reshape(-1, extra)[:count]
+    chosen = jnp.where(live[:, None], chosen.reshape(-1, extra)[:count], n)
     cores = jnp.where(valid, groups, n)
-    ext = _resentinel(jnp.concatenate([cores, chosen], axis=1), n, sentinel, rows)
-    return _resentinel(cores, n, sentinel, rows), ext, exact.reshape(-1)[:count]
+    exact = exact.reshape(-1)[:count] | ~live
+    return cores, jnp.concatenate([cores, chosen], axis=1), exact
 
 
-def _resentinel(a, n: int, sentinel: int, rows: int):
+def _resentinel(a: np.ndarray, n: int, sentinel: int, rows: int) -> np.ndarray:
     """Index rows a (G, w) with the sentinel n replaced by `sentinel`,
-    continued by rows of it to `rows` rows (numpy or jax arrays)."""
-    xp = jnp if isinstance(a, jax.Array) else np
-    a = xp.where(a >= n, sentinel, a).astype(np.int32)
-    return xp.concatenate([a, xp.full((rows - a.shape[0], a.shape[1]), sentinel, np.int32)])
+    continued by rows of it to `rows` rows."""
+    a = np.where(a >= n, sentinel, a).astype(np.int32)
+    return np.concatenate([a, np.full((rows - a.shape[0], a.shape[1]), sentinel, np.int32)])
 
 
 def _subdomains_host(x: np.ndarray, groups: np.ndarray, extended: int,
@@ -234,26 +241,66 @@ def _subdomains_host(x: np.ndarray, groups: np.ndarray, extended: int,
             jax.device_put(_resentinel(ext, n, sentinel, rows)))
 
 
-def _saddle(kernel, pts, valid, smoothing, powers):
-    """The local system [[K + S, P], [P^T, 0]] of points pts (m, d); rows
-    of invalid (padding) points are those of the identity. The monomials
-    are of locally centred and scaled coordinates: they span the same
-    polynomials as the global ones, better conditioned."""
+def _local_system(kernel, pts, valid, smoothing, powers):
+    """The blocks of the local system [[K + S, P], [P^T, 0]] of points pts
+    (m, d): K + S (m, m) and P (m, R); rows of invalid (padding) points
+    are those of the identity in K + S and zero in P. The monomials are of
+    locally centred and scaled coordinates: they span the same polynomials
+    as the global ones, better conditioned."""
     r2 = jnp.sum((pts[:, None, :] - pts[None, :, :]) ** 2, axis=-1)
     both = valid[:, None] & valid[None, :]
     k = jnp.where(both, kernel.pair(r2, False)[0], 0.0)
     k = k + jnp.diag(jnp.where(valid, smoothing, 1.0))
-    if powers.shape[0] == 0:
-        return k
     w = valid[:, None].astype(pts.dtype)
     centre = jnp.sum(pts * w, 0) / jnp.maximum(jnp.sum(w), 1)
     scale = jnp.max(jnp.abs(pts - centre) * w, axis=0)
     scale = jnp.where(scale > 0, scale, 1.0)
-    p = polynomial.monomials((pts - centre) / scale, powers) * w
-    r = powers.shape[0]
+    return k, polynomial.monomials((pts - centre) / scale, powers) * w
+
+
+def _saddle(kernel, pts, valid, smoothing, powers):
+    """The local system [[K + S, P], [P^T, 0]] (`_local_system`)."""
+    k, p = _local_system(kernel, pts, valid, smoothing, powers)
+    r = p.shape[1]
+    if r == 0:
+        return k
     top = jnp.concatenate([k, p], axis=1)
     bottom = jnp.concatenate([p.T, jnp.zeros((r, r), pts.dtype)], axis=1)
     return jnp.concatenate([top, bottom], axis=0)
+
+
+def _null_space_rows(a, p, n_core: int):
+    """The first n_core rows (n_core, m) of Z (Z^T A Z)^-1 Z^T, Z an
+    orthonormal basis of the complement of range(P): the coefficient
+    block of the inverse of [[A, P], [P^T, 0]], by one Cholesky
+    factorization of Z^T A Z, positive definite for the kernels at or above
+    their minimum degree (a third of LU's work on the saddle system; on an
+    H200, 256 systems of 516: Cholesky 3.4 ms, LU 13.0 ms). Z from
+    Householder reflections of P's columns (a zero column, as along a
+    line, is skipped: the solve then constrains one direction more, which
+    a preconditioner may). NaN where Z^T A Z is not positive definite."""
+    m, r = p.shape
+    tiny = jnp.finfo(a.dtype).tiny
+    reflect = []                # unit Householder vectors (m,), H = I - 2 v v^T
+    for j in range(r):
+        col = jnp.where(jnp.arange(m) >= j, p[:, j], 0.0)
+        norm = jnp.linalg.norm(col)
+        v = col.at[j].add(jnp.where(col[j] < 0, -norm, norm))
+        v = jnp.where(norm > tiny, v / jnp.maximum(jnp.linalg.norm(v), tiny), 0.0)
+        p = p - 2 * jnp.outer(v, v @ p)
+        reflect.append(v)
+    for v in reflect:           # Q^T A Q, Q = H_0 ... H_{r-1}
+        av = a @ v
+        a = a - 2 * jnp.outer(v, av) - 2 * jnp.outer(av, v) + 4 * (v @ av) * jnp.outer(v, v)
+    e = jnp.eye(m, n_core, dtype=a.dtype)
+    for v in reflect:           # Q^T E, E the core's columns of the identity
+        e = e - 2 * jnp.outer(v, v @ e)
+    factor = jax.scipy.linalg.cho_factor(a[r:, r:], lower=True)
+    x = jnp.concatenate([jnp.zeros((r, n_core), a.dtype),
+                         jax.scipy.linalg.cho_solve(factor, e[r:])])
+    for v in reflect[::-1]:     # Q [0; X]
+        x = x - 2 * jnp.outer(v, v @ x)
+    return x.T
 
 
 # The local inverses are stored in this dtype where the points' is wider:
@@ -284,12 +331,22 @@ def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: i
     m_ext = ext.shape[1]
     store = min(jnp.dtype(points.dtype), jnp.dtype(STORED), key=lambda t: t.itemsize)
 
-    def one(e):
-        valid = e < n
-        s = _saddle(kernel, padded[e], valid, smooth[e], powers)
+    def by_cholesky(e):
+        k, p = _local_system(kernel, padded[e], e < n, smooth[e], powers)
+        return _null_space_rows(k, p, n_core)
+
+    def by_lu(e):
+        s = _saddle(kernel, padded[e], e < n, smooth[e], powers)
         rhs = jnp.eye(s.shape[0], n_core, dtype=points.dtype)
-        g = jnp.linalg.solve(s, rhs)[:m_ext].T
-        return jnp.where(jnp.all(jnp.isfinite(g)), g, 0.0).astype(store)
+        return jnp.linalg.solve(s, rhs)[:m_ext].T
+
+    def chunk_rows(es):
+        # LU where a Cholesky factorization of the chunk failed (a kernel
+        # below its minimum degree; degenerate local points).
+        g = jax.vmap(by_cholesky)(es)
+        g = jax.lax.cond(jnp.all(jnp.isfinite(g)), lambda: g, lambda: jax.vmap(by_lu)(es))
+        fine = jnp.all(jnp.isfinite(g), axis=(1, 2), keepdims=True)
+        return jnp.where(fine, g, 0.0).astype(store)
 
     if chunk is None:
         chunk = 1 if jax.default_backend() == "cpu" else 256
@@ -297,7 +354,7 @@ def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: i
     pad = (-d) % chunk
     blocks = jnp.concatenate([ext, jnp.full((pad, m_ext), n, ext.dtype)]).reshape(-1, chunk,
                                                                                     m_ext)
-    g = jax.lax.map(jax.vmap(one), blocks)
+    g = jax.lax.map(chunk_rows, blocks)
     return g.reshape(-1, n_core, m_ext)[:d]
 
 

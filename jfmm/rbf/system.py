@@ -230,7 +230,10 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
         if not last:
             groups = schwarz.padded(schwarz.median_groups(here, settings.core),
                                     settings.core, -1)
-            local = schwarz.coarsen(here, _ghosted(groups, bucket(len(groups)), -1),
+            # Both padded, so that new points of the same number coarsen by
+            # the same program.
+            local = schwarz.coarsen(_ghosted(here, size),
+                                    _ghosted(groups, bucket(len(groups)), -1),
                                     settings.core // settings.ratio)
             coarse = bucket(len(local), 64)
             sub = jax.device_put(_ghosted(local, coarse, size).astype(np.int32))

@@ -108,30 +108,36 @@ def test_small_sets_take_what_there_is(rng):
 
 
 @pytest.mark.parametrize("kind", ["uniform", "lines"])
-def test_local_inverses_against_numpy(kind, rng):
+@pytest.mark.parametrize("kernel, degree", [("linear", 1), ("thin_plate_spline", 1),
+                                            ("linear", -1)])
+def test_local_inverses_against_numpy(kind, kernel, degree, rng):
     """Each subdomain's rows of its local saddle system's inverse, against
-    numpy's float64 inverse of [[-|x_i - x_j| + s, P], [P^T, 0]] (P: 1, x,
-    y, z), stored in float32 for float64 points (they are the solver's
+    numpy's float64 inverse of [[K + s, P], [P^T, 0]] (P: 1, x, y, z, or
+    none), stored in float32 for float64 points (they are the solver's
     largest arrays; a preconditioner needs no more), and the restricted
     solves they give. A set of fewer points than it holds (the last)
-    leaves its padding's columns zero."""
+    leaves its padding's columns zero. The kernels at their minimum degree
+    factorize by Cholesky on the polynomials' null space; the linear
+    kernel without a polynomial is indefinite, and takes LU."""
     n, core, m_ext = 200, 16, 48
     x = cloud(kind, n, rng)
     smoothing = rng.random(n) * 1e-3
     groups = schwarz.padded(schwarz.median_groups(x, core), core, -1)
     cores, ext = (np.array(a) for a in schwarz.subdomains(x, groups, m_ext))
     ext[-1, m_ext // 2:] = n                                 # a short set
-    powers = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
-    G = schwarz.local_inverses(kernel_for("linear", 1.0), jnp.asarray(x),
+    powers = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])[:4 if degree == 1 else 0]
+    G = schwarz.local_inverses(kernel_for(kernel, 1.0), jnp.asarray(x),
                                jnp.asarray(smoothing), jnp.asarray(ext), core, powers)
     assert G.dtype == jnp.float32 and G.shape == (len(groups), core, m_ext)
     want = np.zeros(G.shape)
     for i, e in enumerate(ext):
         at = np.flatnonzero(e < n)                       # the set's points' slots
         pts = x[e[at]]
-        k = -np.linalg.norm(pts[:, None] - pts[None], axis=-1) + np.diag(smoothing[e[at]])
-        p = np.concatenate([np.ones((len(at), 1)), pts], axis=1)
-        s = np.block([[k, p], [p.T, np.zeros((4, 4))]])
+        r = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
+        k = -r if kernel == "linear" else r ** 2 * np.log(np.where(r > 0, r, 1.0))
+        k = k + np.diag(smoothing[e[at]])
+        p = np.concatenate([np.ones((len(at), 1)), pts], axis=1)[:, :len(powers)]
+        s = np.block([[k, p], [p.T, np.zeros((len(powers), len(powers)))]])
         rows = at[at < core]                             # the core's points' slots
         want[i][np.ix_(rows, at)] = np.linalg.inv(s)[:len(rows), :len(at)]
     G = np.where((cores < n)[:, :, None], np.asarray(G), 0.0)   # padding slots: unused
