@@ -359,7 +359,8 @@ class RBFInterpolator:
         order = None
         if method == "krylov":
             settings = system.Settings(tol=tol, maxiter=int(maxiter),
-                                       preconditioner=preconditioner, rank=rank, seed=0)
+                                       preconditioner=preconditioner, rank=rank, seed=0,
+                                       definite=degree >= min_degree)
             levels, fmm_eps = _hierarchy(np.asarray(sites, np.float64), sites, smoothing, k,
                                          lifted, fmm_eps, settings, chosen)
             order = levels[0].own.order

@@ -278,7 +278,8 @@ def _null_space_rows(a, p, n_core: int):
     H200, 256 systems of 516: Cholesky 3.4 ms, LU 13.0 ms). Z from
     Householder reflections of P's columns (a zero column, as along a
     line, is skipped: the solve then constrains one direction more, which
-    a preconditioner may). NaN where Z^T A Z is not positive definite."""
+    a preconditioner may). NaN where Z^T A Z is not positive definite.
+    a (m, m), p (m, R)."""
     m, r = p.shape
     tiny = jnp.finfo(a.dtype).tiny
     reflect = []                # unit Householder vectors (m,), H = I - 2 v v^T
@@ -311,42 +312,40 @@ def _null_space_rows(a, p, n_core: int):
 STORED = jnp.float32
 
 
-def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: int | None = None):
+def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: int | None = None,
+                   definite: bool = True):
     """G (D, n_core, m_ext): rows of the local systems' inverses that map
     an extended set's residual to its core's coefficients, factorized in
     the points' dtype and stored in `STORED` where that is narrower.
 
-    points (n, d), smoothing (n,), ext (D, m_ext) int (sentinel n). A
-    subdomain whose local system is singular (degenerate local points)
-    gets G = 0: the preconditioner then skips it, and the outer solve's
-    residual check still holds. chunk: subdomains factorized at once (None:
-    256, and 1 on the CPU, where jaxlib's batched LU waits on the intra-op
-    thread pool it shares with XLA and can deadlock it). On an H200 at 10^6
-    points (16,384 subdomains of 512) chunks of 64, 256 and 1,024 took
-    1.75, 0.93 and 0.88 s (linear kernel), the last holding 8.1 GB at peak
-    against 5.1."""
+    points (n, d), smoothing (n,), ext (D, m_ext) int (sentinel n).
+    definite: the kernel is (conditionally) positive definite at this
+    polynomial degree, so the local systems factorize by Cholesky on the
+    polynomials' null space (`_null_space_rows`); else by LU of the saddle
+    system. H200, 10^6 points, 16,384 subdomains of 512: Cholesky 0.37 s,
+    LU 0.98-1.12 s (linear and thin-plate kernels; their rows agree to
+    1e-10). A subdomain whose local system is singular (degenerate local
+    points) gets G = 0: the preconditioner then skips it, and the outer
+    solve's residual check still holds. chunk: subdomains factorized at
+    once (None: 256, and 1 on the CPU, where jaxlib's batched LU waits on
+    the intra-op thread pool it shares with XLA and can deadlock it). On
+    an H200 at 10^6 points chunks of 64, 256 and 1,024 took 1.75, 0.93 and
+    0.88 s (linear kernel, LU), the last holding 8.1 GB at peak against
+    5.1."""
     n, dim = points.shape
     padded = jnp.concatenate([points, jnp.zeros((1, dim), points.dtype)])
     smooth = jnp.concatenate([smoothing, jnp.ones((1,), smoothing.dtype)])
     m_ext = ext.shape[1]
     store = min(jnp.dtype(points.dtype), jnp.dtype(STORED), key=lambda t: t.itemsize)
 
-    def by_cholesky(e):
-        k, p = _local_system(kernel, padded[e], e < n, smooth[e], powers)
-        return _null_space_rows(k, p, n_core)
-
-    def by_lu(e):
-        s = _saddle(kernel, padded[e], e < n, smooth[e], powers)
-        rhs = jnp.eye(s.shape[0], n_core, dtype=points.dtype)
-        return jnp.linalg.solve(s, rhs)[:m_ext].T
-
-    def chunk_rows(es):
-        # LU where a Cholesky factorization of the chunk failed (a kernel
-        # below its minimum degree; degenerate local points).
-        g = jax.vmap(by_cholesky)(es)
-        g = jax.lax.cond(jnp.all(jnp.isfinite(g)), lambda: g, lambda: jax.vmap(by_lu)(es))
-        fine = jnp.all(jnp.isfinite(g), axis=(1, 2), keepdims=True)
-        return jnp.where(fine, g, 0.0).astype(store)
+    def one(e):
+        if definite:
+            k, p = _local_system(kernel, padded[e], e < n, smooth[e], powers)
+            g = _null_space_rows(k, p, n_core)
+        else:
+            s = _saddle(kernel, padded[e], e < n, smooth[e], powers)
+            g = jnp.linalg.solve(s, jnp.eye(s.shape[0], n_core, dtype=points.dtype))[:m_ext].T
+        return jnp.where(jnp.all(jnp.isfinite(g)), g, 0.0).astype(store)
 
     if chunk is None:
         chunk = 1 if jax.default_backend() == "cpu" else 256
@@ -354,7 +353,7 @@ def local_inverses(kernel, points, smoothing, ext, n_core: int, powers, chunk: i
     pad = (-d) % chunk
     blocks = jnp.concatenate([ext, jnp.full((pad, m_ext), n, ext.dtype)]).reshape(-1, chunk,
                                                                                     m_ext)
-    g = jax.lax.map(chunk_rows, blocks)
+    g = jax.lax.map(jax.vmap(one), blocks)
     return g.reshape(-1, n_core, m_ext)[:d]
 
 

@@ -152,6 +152,7 @@ class Settings(NamedTuple):
     extended: int = 512         # points a subdomain solves on (256: iterations grew 2.7x, 10^4 to 10^6)
     ratio: int = 16             # fine points per coarse point (core / ratio a power of 2)
     coarsest: int = 2000        # dense solve at or below this many points
+    definite: bool = True       # kernel (conditionally) positive definite at its degree
 
 
 # The dtype of the direct sums on the coarse levels, which only precondition
@@ -284,7 +285,7 @@ def parameters(levels, kernel, smoothing, exponents, settings: Settings):
             inv = schwarz.coarsest_inverse(frozen, lev.points, s, exponents, lev.members >= 0)
         else:
             inv = schwarz.local_inverses(frozen, lev.points, s, lev.ext, settings.core,
-                                         exponents)
+                                         exponents, definite=settings.definite)
         out.append((smooth, inv))
     return tuple(out)
 

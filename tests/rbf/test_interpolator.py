@@ -43,7 +43,7 @@ def rel(a, b):
 def small_levels(monkeypatch):
     """Multilevel preconditioners at CPU sizes: dense at or below 150 points."""
     monkeypatch.setattr(system.Settings.__new__, "__defaults__",
-                        (30, 8, 32, 128, 8, 150))
+                        (30, 8, 32, 128, 8, 150, True))
 
 
 @pytest.mark.parametrize("dim", [2, 3])

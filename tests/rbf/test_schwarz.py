@@ -118,7 +118,8 @@ def test_local_inverses_against_numpy(kind, kernel, degree, rng):
     solves they give. A set of fewer points than it holds (the last)
     leaves its padding's columns zero. The kernels at their minimum degree
     factorize by Cholesky on the polynomials' null space; the linear
-    kernel without a polynomial is indefinite, and takes LU."""
+    kernel without a polynomial (below its minimum degree) is indefinite,
+    and takes LU."""
     n, core, m_ext = 200, 16, 48
     x = cloud(kind, n, rng)
     smoothing = rng.random(n) * 1e-3
@@ -127,7 +128,8 @@ def test_local_inverses_against_numpy(kind, kernel, degree, rng):
     ext[-1, m_ext // 2:] = n                                 # a short set
     powers = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])[:4 if degree == 1 else 0]
     G = schwarz.local_inverses(kernel_for(kernel, 1.0), jnp.asarray(x),
-                               jnp.asarray(smoothing), jnp.asarray(ext), core, powers)
+                               jnp.asarray(smoothing), jnp.asarray(ext), core, powers,
+                               definite=degree >= 0)
     assert G.dtype == jnp.float32 and G.shape == (len(groups), core, m_ext)
     want = np.zeros(G.shape)
     for i, e in enumerate(ext):
