@@ -286,18 +286,25 @@ class RBFInterpolator:
         n, dim = y_np.shape
         if not np.all(np.isfinite(y_np)):
             raise ValueError("y contains NaN or inf coordinates")
-        d = jnp.asarray(d)
+        # Host arrays stay on the host until their dtype is known: each eager
+        # jnp conversion compiles a small program in a fresh process.
+        d = d if isinstance(d, jax.Array) else np.asarray(d)
         if d.ndim == 0 or d.shape[0] != n:
             raise ValueError(f"Expected the first axis of `d` to have length {n}.")
-        dtype = jnp.result_type(jnp.asarray(y).dtype, d.dtype if not jnp.iscomplexobj(d)
-                                else d.real.dtype, 0.0)
+        real_d = d.real.dtype if jnp.iscomplexobj(d) else d.dtype
+        dtype = jnp.result_type(getattr(y, "dtype", y_np.dtype), real_d, 0.0)
         if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize < 4:
             dtype = jnp.result_type(jnp.float32, 0.0)
-        smoothing = jnp.asarray(smoothing, dtype)
+        d = d if isinstance(d, jax.Array) else jax.device_put(
+            d.astype(jnp.result_type(d.dtype)))
+        xp = jnp if isinstance(smoothing, Tracer) else np
+        smoothing = xp.asarray(smoothing, dtype)
         if smoothing.ndim == 0:
-            smoothing = jnp.full((n,), smoothing, dtype)
+            smoothing = xp.full((n,), smoothing, dtype)
         elif smoothing.shape != (n,):
             raise ValueError(f"Expected `smoothing` to be a scalar or have shape ({n},).")
+        if xp is np:
+            smoothing = jax.device_put(smoothing)
         if not isinstance(kernel, str) or kernel.lower() not in KERNELS:
             raise ValueError(f"`kernel` must be one of {set(KERNELS)}.")
         kernel = kernel.lower()
@@ -371,9 +378,10 @@ class RBFInterpolator:
                               tuple(d.shape[1:]), is_complex, method, fmm_eps, order, settings,
                               dim, neighbors)
         self._sites = sites
-        self._shift = jnp.asarray(shift, dtype)
-        self._scale = jnp.asarray(scale, dtype)
-        self.d, self.epsilon, self.smoothing = d, jnp.asarray(epsilon, dtype), smoothing
+        self._shift = jax.device_put(np.asarray(shift, dtype))
+        self._scale = jax.device_put(np.asarray(scale, dtype))
+        self.d, self.smoothing = d, smoothing
+        self.epsilon = jax.device_put(np.asarray(epsilon, dtype))
         # The sums' kernel with epsilon as an array, as `fit` leaves it: one
         # compiled solve serves the constructor and every refit.
         self._levels = (None if levels is None
@@ -804,7 +812,7 @@ def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):
     if choice == "schwarz":
         return "schwarz", 0, None
     concrete = not isinstance(smoothing, Tracer)
-    positive = concrete and bool(jnp.all(smoothing > 0))
+    positive = concrete and bool(np.all(np.asarray(smoothing) > 0))
     if choice == "nystrom":
         if name not in POSITIVE_DEFINITE:
             raise ValueError(f"the Nystrom preconditioner needs a positive definite kernel "

@@ -65,48 +65,58 @@ def padded(groups: list[np.ndarray], width: int, fill: int) -> np.ndarray:
     return out
 
 
-def _halve(x, rows):
+def _halve(x, rows, xp=jnp):
     """Each row (of indices into x, -1 for padding) split at its median
-    rank along its widest axis: (G, m) -> (2G, m / 2)."""
+    rank along its widest axis: (G, m) -> (2G, m / 2). xp: jax.numpy, or
+    numpy for host arrays."""
     valid = rows >= 0
-    pts = x[jnp.where(valid, rows, 0)]
-    lo = jnp.where(valid[..., None], pts, jnp.inf).min(1)
-    hi = jnp.where(valid[..., None], pts, -jnp.inf).max(1)
-    axis = jnp.argmax(hi - lo, axis=1)
-    key = jnp.where(valid, jnp.take_along_axis(pts, axis[:, None, None], 2)[..., 0], jnp.inf)
-    _, ranked = jax.lax.sort((key, rows), dimension=1, num_keys=1, is_stable=True)
+    pts = x[xp.where(valid, rows, 0)]
+    lo = xp.where(valid[..., None], pts, xp.inf).min(1)
+    hi = xp.where(valid[..., None], pts, -xp.inf).max(1)
+    axis = xp.argmax(hi - lo, axis=1)
+    key = xp.where(valid, xp.take_along_axis(pts, axis[:, None, None], 2)[..., 0], xp.inf)
+    if xp is np:
+        ranked = np.take_along_axis(rows, np.argsort(key, axis=1, kind="stable"), 1)
+    else:
+        _, ranked = jax.lax.sort((key, rows), dimension=1, num_keys=1, is_stable=True)
     count = valid.sum(1, keepdims=True)
     half, width = count // 2, rows.shape[1] // 2
-    slot = jnp.arange(width)[None, :]
-    left = jnp.where(slot < half, ranked[:, :width], -1)
-    right = jnp.take_along_axis(ranked, jnp.minimum(half + slot, rows.shape[1] - 1), 1)
-    right = jnp.where(half + slot < count, right, -1)
-    return jnp.concatenate([left, right])
+    slot = xp.arange(width)[None, :]
+    left = xp.where(slot < half, ranked[:, :width], -1)
+    right = xp.take_along_axis(ranked, xp.minimum(half + slot, rows.shape[1] - 1), 1)
+    right = xp.where(half + slot < count, right, -1)
+    return xp.concatenate([left, right])
 
 
-@functools.partial(jax.jit, static_argnames=("parts",))
-def _nearest_to_centres(x, groups, parts: int):
+def _nearest_to_centres(x, groups, parts: int, xp=jnp):
     """Each group halved into `parts`, and of each part the point nearest
     its centroid (-1 for an empty part): (G parts,)."""
     rows = groups
     while rows.shape[0] < parts * groups.shape[0]:
-        rows = _halve(x, rows)
+        rows = _halve(x, rows, xp)
     valid = rows >= 0
-    pts = x[jnp.where(valid, rows, 0)]
+    pts = x[xp.where(valid, rows, 0)]
     w = valid[..., None].astype(x.dtype)
-    centre = jnp.sum(pts * w, 1) / jnp.maximum(jnp.sum(w, 1), 1)
-    dist = jnp.where(valid, jnp.sum((pts - centre[:, None]) ** 2, axis=-1), jnp.inf)
-    return jnp.take_along_axis(rows, jnp.argmin(dist, axis=1)[:, None], 1)[:, 0]
+    centre = xp.sum(pts * w, 1) / xp.maximum(xp.sum(w, 1), 1)
+    dist = xp.where(valid, xp.sum((pts - centre[:, None]) ** 2, axis=-1), xp.inf)
+    return xp.take_along_axis(rows, xp.argmin(dist, axis=1)[:, None], 1)[:, 0]
 
 
-def coarsen(x, groups: np.ndarray, parts: int) -> np.ndarray:
+_nearest_on_device = jax.jit(_nearest_to_centres, static_argnames=("parts",))
+
+
+def coarsen(x: np.ndarray, groups: np.ndarray, parts: int) -> np.ndarray:
     """Sorted indices of the coarse points: each median-split group (rows
     of `groups`, padded with -1) halved further into `parts` (a power of 2)
     groups, and of each the point nearest its centroid, so coarse points
-    follow the density. On the device: on an H200's host the same in numpy
-    took 0.7-0.9 s at 10^6 points."""
-    near = np.asarray(_nearest_to_centres(x, jax.device_put(groups.astype(np.int32)),
-                                          parts=parts))
+    follow the density. On a GPU from DEVICE_SEARCH points (its host took
+    0.7-0.9 s in numpy at 10^6), else in numpy, which compiles nothing (a
+    program of its own per level: 0.6 s on an H200)."""
+    if jax.default_backend() != "cpu" and x.shape[0] >= DEVICE_SEARCH:
+        near = np.asarray(_nearest_on_device(x, jax.device_put(groups.astype(np.int32)),
+                                             parts=parts))
+    else:
+        near = _nearest_to_centres(np.asarray(x), np.asarray(groups), parts, np)
     return np.sort(near[near >= 0])
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from jfmm import api, configure
 from jfmm._compat import Tracer
-from jfmm.rbf import krylov, nystrom, polynomial, schwarz
+from jfmm.rbf import krylov, nystrom, schwarz
 
 # Direct sums at or below this many pairs whatever the backend; above it
 # the backend's measured crossover decides (`configure.below_crossover`).
@@ -162,18 +162,14 @@ class Settings(NamedTuple):
 COARSE = "float32"
 
 
-def _projector(points, exponents, real):
-    """U (n, R): an orthonormal basis of the monomials at the points
-    where `real` (n,) bool, zero rows elsewhere."""
-    return _orthonormal_monomials(points, real, powers=tuple(map(tuple, exponents.tolist())))
-
-
-@functools.partial(jax.jit, static_argnames=("powers",))
-def _orthonormal_monomials(points, real, powers):
-    p = polynomial.monomials(points, np.asarray(powers, np.int64).reshape(-1, points.shape[1]))
-    if p.shape[1] == 0:
-        return p
-    return jnp.linalg.qr(p * real[:, None])[0]
+def _projector(points: np.ndarray, exponents, real: np.ndarray, dtype):
+    """U (n, R) on the device, of `dtype`: an orthonormal basis of the
+    monomials at the points (n, d) where `real` (n,) bool, zero rows
+    elsewhere. On the host in float64 (no program to compile per level)."""
+    p = np.prod(points[:, None, :] ** np.asarray(exponents)[None], axis=2) * real[:, None]
+    if p.shape[1]:
+        p = np.linalg.qr(p)[0]
+    return jax.device_put(p.astype(dtype))
 
 
 def bucket(n: int, least: int = 8) -> int:
@@ -213,9 +209,9 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
     idx, order, levels = np.arange(len(y)), None, []
     if settings.preconditioner == "nystrom":
         own = pair_sum(points, points, kernel, eps)
-        real = jax.device_put(np.ones(len(y), bool))
         return (Level(points, jnp.arange(len(y), dtype=jnp.int32), smoothing,
-                      _projector(points, exponents, real), own, *[None] * 5),)
+                      _projector(y, exponents, np.ones(len(y), bool), points.dtype), own,
+                      *[None] * 5),)
     while True:
         here = y[idx]                   # this level's real points on the host, float64
         size = bucket(len(idx), 64) if levels else len(idx)
@@ -243,7 +239,8 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
             cores, ext = schwarz.subdomains(here, groups, settings.extended, sentinel=size,
                                             rows=bucket(len(groups)))
         levels.append(Level(pts, jax.device_put(members.astype(np.int32)), smooth,
-                            _projector(pts, exponents, jax.device_put(members >= 0)),
+                            _projector(_ghosted(here, size), exponents, members >= 0,
+                                       points.dtype),
                             own, down, sub, cores, ext, None))
         if last:
             break

@@ -36,7 +36,8 @@ def reference_splits(x, idx, levels):
 @pytest.mark.parametrize("kind", ["uniform", "clusters", "lines"])
 def test_coarse_points_against_numpy(kind, rng):
     """Per quarter of each core (median splits), the point nearest its
-    centroid; ties along lines split in order."""
+    centroid; ties along lines split in order. In numpy (as on the CPU and
+    for small levels) and on the device."""
     x = cloud(kind, 5001, rng)
     groups = schwarz.padded(schwarz.median_groups(x, 32), 32, -1)
     want = []
@@ -45,6 +46,8 @@ def test_coarse_points_against_numpy(kind, rng):
             if len(part):
                 want.append(part[np.argmin(np.sum((x[part] - x[part].mean(0)) ** 2, 1))])
     np.testing.assert_array_equal(schwarz.coarsen(x, groups, 4), np.sort(want))
+    on_device = np.asarray(schwarz._nearest_on_device(x, groups.astype(np.int32), parts=4))
+    np.testing.assert_array_equal(np.sort(on_device[on_device >= 0]), np.sort(want))
 
 
 @pytest.mark.parametrize("kind", ["uniform", "clusters", "lines"])
