@@ -99,6 +99,15 @@ class Static(NamedTuple):
     neighbors: int | None
 
 
+def _on_device(a):
+    """a as a jax array (of jax's dtype for it), host arrays by one
+    device_put: jnp.asarray compiles a small program per shape."""
+    if isinstance(a, jax.Array):
+        return a
+    a = np.asarray(a)
+    return jax.device_put(a.astype(jnp.result_type(a.dtype)))
+
+
 def _lift(x):
     """Points on a line as points of the plane (distances unchanged), so
     that 1-D data take the 2D sums: (n, 1) -> (n, 2); others unchanged."""
@@ -295,8 +304,7 @@ class RBFInterpolator:
         dtype = jnp.result_type(getattr(y, "dtype", y_np.dtype), real_d, 0.0)
         if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize < 4:
             dtype = jnp.result_type(jnp.float32, 0.0)
-        d = d if isinstance(d, jax.Array) else jax.device_put(
-            d.astype(jnp.result_type(d.dtype)))
+        d = _on_device(d)
         xp = jnp if isinstance(smoothing, Tracer) else np
         smoothing = xp.asarray(smoothing, dtype)
         if smoothing.ndim == 0:
@@ -453,7 +461,7 @@ class RBFInterpolator:
         only d changes) and the solve."""
         st = self._static
         n, dtype = self._sites.shape[0], self._sites.dtype
-        d = self.d if d is None else jnp.asarray(d)
+        d = self.d if d is None else _on_device(d)
         if d.shape[:1] != (n,) or tuple(d.shape[1:]) != st.d_shape:
             raise ValueError(f"d must have shape {(n,) + st.d_shape}, got {d.shape}")
         same = epsilon is None and smoothing is None     # the same preconditioner
