@@ -23,6 +23,7 @@ whenever they change.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -31,25 +32,45 @@ import numpy as np
 from jfmm.rbf import polynomial
 
 
+# Subtrees whose k-d trees `median_groups` builds at once, in threads
+# (scipy builds without the GIL).
+PARTS = 8
+
+
 def median_groups(x: np.ndarray, size: int) -> list[np.ndarray]:
     """Index groups of at most `size` points of x (n, d) by median splits
     along the widest axis of each group's points: the leaves of scipy's
     balanced k-d tree with leaves of `size` (the same splits, made in C;
     a loop over groups in numpy took 1.5 s at 10^6 points against 0.7 s).
     Its leaves are uneven where coordinates tie (points along lines), so
-    their number varies with the data, and a new draw of the same size
-    compiles the solve anew; splits at the median rank fix the number but
-    cut lines between cores: on 20,000 points along 40 lines FGMRES took
-    15-23 iterations against 4 (the 2-core CPU)."""
+    their number varies with the data (`system.bucket` absorbs that);
+    splits at the median rank fix the number but cut lines between cores:
+    on 20,000 points along 40 lines FGMRES took 15-23 iterations against 4
+    (the 2-core CPU). A shallow tree of about PARTS leaves first, then the
+    tree of each leaf's points in a thread of its own: a node's splits
+    depend on its points alone, so these are the whole tree's leaves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    top = _leaves(x, np.arange(len(x)), max(size, -(-len(x) // PARTS)))
+    with ThreadPoolExecutor(max(1, min(len(top), os.cpu_count() or 1))) as pool:
+        parts = list(pool.map(lambda idx: _leaves(x, idx, size), top))
+    return [g for part in parts for idx in part
+            for g in np.array_split(idx, -(-len(idx) // size))]   # coincident points
+
+
+def _leaves(x: np.ndarray, idx: np.ndarray, size: int) -> list[np.ndarray]:
+    """The leaves (indices into x) of the balanced k-d tree of x[idx] with
+    leaves of `size`, depth first, lesser side first."""
     from scipy.spatial import cKDTree
 
-    tree = cKDTree(x, leafsize=size, balanced_tree=True, compact_nodes=True)
+    if len(idx) <= size:
+        return [idx]
+    tree = cKDTree(x[idx], leafsize=size, balanced_tree=True, compact_nodes=True)
     out, stack = [], [tree.tree]
     while stack:
         node = stack.pop()
-        if node.split_dim == -1:        # a leaf; coincident points stay unsplit
-            idx = tree.indices[node.start_idx:node.end_idx]
-            out += np.array_split(idx, -(-len(idx) // size))
+        if node.split_dim == -1:
+            out.append(idx[tree.indices[node.start_idx:node.end_idx]])
         else:
             stack += [node.greater, node.lesser]
     return out
@@ -284,7 +305,7 @@ def _null_space_rows(a, p, n_core: int):
     orthonormal basis of the complement of range(P): the coefficient
     block of the inverse of [[A, P], [P^T, 0]], by one Cholesky
     factorization of Z^T A Z, positive definite for the kernels at or above
-    their minimum degree (a third of LU's work on the saddle system; on an
+    their minimum degree (half of LU's arithmetic on the saddle system; on an
     H200, 256 systems of 516: Cholesky 3.4 ms, LU 13.0 ms). Z from
     Householder reflections of P's columns (a zero column, as along a
     line, is skipped: the solve then constrains one direction more, which

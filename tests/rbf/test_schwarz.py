@@ -34,6 +34,27 @@ def reference_splits(x, idx, levels):
 
 
 @pytest.mark.parametrize("kind", ["uniform", "clusters", "lines"])
+def test_median_groups_are_the_whole_trees_leaves(kind, rng):
+    """Subtrees built apart (in threads) give the leaves of scipy's one
+    balanced k-d tree over all points, in its depth-first order."""
+    from scipy.spatial import cKDTree
+
+    x = cloud(kind, 20000, rng)
+    tree = cKDTree(x, leafsize=32, balanced_tree=True, compact_nodes=True)
+    want, stack = [], [tree.tree]
+    while stack:
+        node = stack.pop()
+        if node.split_dim == -1:
+            want.append(np.sort(tree.indices[node.start_idx:node.end_idx]))
+        else:
+            stack += [node.greater, node.lesser]
+    got = schwarz.median_groups(x, 32)
+    assert len(got) == len(want) > schwarz.PARTS
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.sort(g), w)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "clusters", "lines"])
 def test_coarse_points_against_numpy(kind, rng):
     """Per quarter of each core (median splits), the point nearest its
     centroid; ties along lines split in order. In numpy (as on the CPU and
