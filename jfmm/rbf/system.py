@@ -149,10 +149,27 @@ class Settings(NamedTuple):
     restart: int = 30
     inner: int = 8              # FGMRES steps of each coarse level's solve
     core: int = 64              # points a subdomain owns
-    extended: int = 512         # points a subdomain solves on (256: iterations grew 2.7x, 10^4 to 10^6)
+    extended: int | None = None  # points a subdomain solves on (None: the backend's, EXTENDED)
     ratio: int = 16             # fine points per coarse point (core / ratio a power of 2)
     coarsest: int = 2000        # dense solve at or below this many points
     definite: bool = True       # kernel (conditionally) positive definite at its degree
+
+
+# Points a subdomain solves on, by backend. H200: 256 let the iterations
+# grow 2.7x from 10^4 to 10^6 points, 512 kept them at 5-8. 2-core CPU, a
+# second constructor with 384 against 512 (a local factorization costs
+# m^3): linear, 2x10^4 uniform points 6.5 s against 8.3 s (5 iterations
+# both), 5x10^4 18.6 s against 21.4 s (6 both); thin-plate along 2,000
+# lines, 2x10^4 points, 14.7 s against 19.3 s (8 iterations against 9);
+# 256 took 6.5 s and 6 iterations at 2x10^4.
+EXTENDED = {"cpu": 384, "gpu": 512}
+
+
+def extended(settings: Settings) -> int:
+    """The extended sets' size: the settings', or the backend's."""
+    if settings.extended is not None:
+        return settings.extended
+    return EXTENDED["cpu" if jax.default_backend() == "cpu" else "gpu"]
 
 
 # The dtype of the direct sums on the coarse levels, which only precondition
@@ -178,6 +195,9 @@ def bucket(n: int, least: int = 8) -> int:
     coarse levels (least 64) and of the subdomain lists. Points along
     lines vary them from one draw to the next: 2x10^4 points along 2,000
     lines in 3D had coarse levels of 132 or 144 points, 33 or 36 subdomains.
+    Counts on either side of a bucket's edge still differ (64 subdomains
+    or 66 of 1,500 points along 30 lines: ties only add subdomains to a
+    balanced tree's power of 2), and those draws compile anew.
     """
     step = max(1 << max((n - 1).bit_length() - 3, 0), least)
     return -(-n // step) * step
@@ -236,7 +256,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
             sub = jax.device_put(_ghosted(local, coarse, size).astype(np.int32))
             down = pair_sum(jax.device_put(_ghosted(here[local], coarse).astype(points.dtype)),
                             pts, kernel, eps, order, work)
-            cores, ext = schwarz.subdomains(here, groups, settings.extended, sentinel=size,
+            cores, ext = schwarz.subdomains(here, groups, extended(settings), sentinel=size,
                                             rows=bucket(len(groups)))
         levels.append(Level(pts, jax.device_put(members.astype(np.int32)), smooth,
                             _projector(_ghosted(here, size), exponents, members >= 0,
