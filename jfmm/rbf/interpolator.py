@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from typing import NamedTuple
 
@@ -110,10 +111,12 @@ def _on_device(a):
 
 def _lift(x):
     """Points on a line as points of the plane (distances unchanged), so
-    that 1-D data take the 2D sums: (n, 1) -> (n, 2); others unchanged."""
+    that 1-D data take the 2D sums: (n, 1) -> (n, 2); others unchanged.
+    numpy arrays stay numpy."""
     if x.shape[1] != 1:
         return x
-    return jnp.concatenate([x, jnp.zeros_like(x)], axis=1)
+    xp = jnp if isinstance(x, jax.Array) else np
+    return xp.concatenate([x, xp.zeros_like(x)], axis=1)
 
 
 def _lift_powers(exponents: np.ndarray) -> np.ndarray:
@@ -601,7 +604,9 @@ class RBFInterpolator:
         L2P run (points beyond the data's bounding box, and traced points,
         take an FMM plan of their own). Compiled once per size bucket of M
         (M padded to 256, or the next 2^k or 1.5 x 2^k)."""
-        x = jnp.asarray(x)
+        # Host points stay numpy until padded to their size bucket: eager jnp
+        # operations compiled a small program per M.
+        x = x if isinstance(x, jax.Array) else np.asarray(x)
         st = self._static
         if x.ndim != 2:
             raise ValueError("`x` must be a 2-dimensional array.")
@@ -663,10 +668,9 @@ class RBFInterpolator:
             if not bool(inside):        # no field, or points beyond the data's box
                 out = api.fmm(self._sites, self._coeffs, padded, kernel=k, eps=st.fmm_eps,
                               family="chebyshev", order=st.order)
-        out = out[:m]
-        p = polynomial.monomials((lifted - self._shift) / self._scale,
-                                 _lift_powers(self.powers))
-        return out + p @ self._poly
+        powers = tuple(map(tuple, _lift_powers(self.powers).tolist()))
+        return _plus_polynomial(out, padded, self._shift, self._scale, self._poly,
+                                powers=powers)[:m]
 
     def _field(self):
         """The data points' sum, ready for new points (`field.Field`),
@@ -861,9 +865,21 @@ def _preconditioner(choice: str, rank, name: str, points, smoothing, kernel):
 
 def _padded(x):
     """x (m, d) padded with copies of its first row to `_bucket(m)` rows, so
-    that evaluations of other sizes reuse the compiled programs."""
+    that evaluations of other sizes reuse the compiled programs (numpy x
+    padded on the host, then put on the device)."""
     m = x.shape[0]
+    if not isinstance(x, jax.Array):
+        return jax.device_put(np.concatenate(
+            [x, np.broadcast_to(x[:1], (_bucket(m) - m, x.shape[1]))]))
     return jnp.concatenate([x, jnp.broadcast_to(x[:1], (_bucket(m) - m, x.shape[1]))])
+
+
+@functools.partial(jax.jit, static_argnames=("powers",))
+def _plus_polynomial(out, x, shift, scale, poly, powers):
+    """out (M, S) + P((x - shift) / scale) a, x (M, D), a (R, S), powers
+    (R, D) as nested tuples: one program per size bucket of M."""
+    exponents = np.asarray(powers, np.int64).reshape(-1, x.shape[1])
+    return out + polynomial.monomials((x - shift) / scale, exponents) @ poly
 
 
 def _bucket(m: int) -> int:
