@@ -770,9 +770,7 @@ def _prepare(it, epsilon, smoothing):
                          mode=backend.current())
     new = object.__new__(RBFInterpolator)
     new.__dict__.update(it.__dict__)
-    new._levels = tuple(lev._replace(smoothing=s, inverse=inv) for lev, (s, inv) in
-                        zip(system.with_kernel(it._levels, kernel_for(it._static.kernel,
-                                                                      epsilon)), parts))
+    new._levels = system.assembled(it._levels, kernel_for(it._static.kernel, epsilon), parts)
     return new
 
 
@@ -868,10 +866,9 @@ def _padded(x):
     that evaluations of other sizes reuse the compiled programs (numpy x
     padded on the host, then put on the device)."""
     m = x.shape[0]
-    if not isinstance(x, jax.Array):
-        return jax.device_put(np.concatenate(
-            [x, np.broadcast_to(x[:1], (_bucket(m) - m, x.shape[1]))]))
-    return jnp.concatenate([x, jnp.broadcast_to(x[:1], (_bucket(m) - m, x.shape[1]))])
+    xp = jnp if isinstance(x, jax.Array) else np
+    out = xp.concatenate([x, xp.broadcast_to(x[:1], (_bucket(m) - m, x.shape[1]))])
+    return out if xp is jnp else jax.device_put(out)
 
 
 @functools.partial(jax.jit, static_argnames=("powers",))

@@ -235,7 +235,8 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
     while True:
         here = y[idx]                   # this level's real points on the host, float64
         size = bucket(len(idx), 64) if levels else len(idx)
-        pts = jax.device_put(_ghosted(here, size).astype(points.dtype))
+        ghosted = _ghosted(here, size)
+        pts = jax.device_put(ghosted.astype(points.dtype))
         smooth = _rows(smoothing, _ghosted(idx, size))
         members = _ghosted(idx, size, -1)
         last = len(idx) <= settings.coarsest
@@ -249,8 +250,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
                                     settings.core, -1)
             # Both padded, so that new points of the same number coarsen by
             # the same program.
-            local = schwarz.coarsen(_ghosted(here, size),
-                                    _ghosted(groups, bucket(len(groups)), -1),
+            local = schwarz.coarsen(ghosted, _ghosted(groups, bucket(len(groups)), -1),
                                     settings.core // settings.ratio)
             coarse = bucket(len(local), 64)
             sub = jax.device_put(_ghosted(local, coarse, size).astype(np.int32))
@@ -259,8 +259,7 @@ def hierarchy(y: np.ndarray, points, smoothing, kernel, exponents, eps: float,
             cores, ext = schwarz.subdomains(here, groups, extended(settings), sentinel=size,
                                             rows=bucket(len(groups)))
         levels.append(Level(pts, jax.device_put(members.astype(np.int32)), smooth,
-                            _projector(_ghosted(here, size), exponents, members >= 0,
-                                       points.dtype),
+                            _projector(ghosted, exponents, members >= 0, points.dtype),
                             own, down, sub, cores, ext, None))
         if last:
             break
@@ -280,9 +279,15 @@ def with_parameters(levels, kernel, smoothing, exponents, settings: Settings):
     """Levels for a kernel (new parameters) and smoothing (n,) of the data
     points: the sums take the kernel, the local inverses or the Nystrom
     factor are rebuilt (not differentiated: they only precondition)."""
-    return tuple(lev._replace(smoothing=s, inverse=inv) for lev, (s, inv) in
-                 zip(with_kernel(levels, kernel),
-                     parameters(levels, kernel, smoothing, exponents, settings)))
+    return assembled(levels, kernel, parameters(levels, kernel, smoothing, exponents,
+                                                settings))
+
+
+def assembled(levels, kernel, parts):
+    """Levels whose sums take `kernel`, with each level's smoothing and
+    inverse from `parts` (what `parameters` returns)."""
+    return tuple(lev._replace(smoothing=s, inverse=inv)
+                 for lev, (s, inv) in zip(with_kernel(levels, kernel), parts))
 
 
 def parameters(levels, kernel, smoothing, exponents, settings: Settings):
