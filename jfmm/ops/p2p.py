@@ -77,18 +77,34 @@ def pad_rows(a, n, value=0):
     return jnp.concatenate([a, jnp.full((n,) + a.shape[1:], value, a.dtype)])
 
 
+# The CPU's all-pairs sum: tiles of CPU_TILE targets against source chunks
+# of CPU_SOURCES, the chunks unrolled where there are at most CPU_CHUNKS
+# (a rolled loop over source chunks ran 2-3x slower on a 2-core CPU).
+CPU_TILE, CPU_SOURCES, CPU_CHUNKS = 32, 4096, 16
+
+
 def dense(kernel: Kernel, targets, sources, charges, gradient: bool,
           tile: int = 256, batch: int | None = None):
-    """All-pairs sum. targets (M, d), sources (N, d), charges (N, K)."""
+    """All-pairs sum. targets (M, d), sources (N, d), charges (N, K).
+
+    Target tiles of `tile` against source chunks of `tile`, `batch` target
+    tiles a step; on a CPU, up to CPU_CHUNKS * CPU_SOURCES sources, tiles
+    of CPU_TILE against unrolled chunks of CPU_SOURCES (2-core CPU, 2x10^4
+    points, 3D, float64, jfmm.direct: the linear kernel 0.28 s against 0.52
+    s, Laplace 0.35 s against 1.08 s; with the gradient 1.0 s against 2.8
+    s). Temporaries O(CPU_TILE (N + M)) under grad and vmap."""
     m, d = targets.shape
     n, kq = charges.shape
-    nt, ns = -(-m // tile), -(-n // tile)
+    chunk, unroll = tile, 1
+    if batch is None and jax.default_backend() == "cpu" and n <= CPU_CHUNKS * CPU_SOURCES:
+        tile, chunk, batch, unroll = CPU_TILE, min(n, CPU_SOURCES), 1, True
+    nt, ns = -(-m // tile), -(-n // chunk)
     batch = batch or default_batch(nt)
     nt = _round_up(nt, batch)
     y = pad_rows(targets, nt * tile - m).reshape(nt, tile, d)
-    x = pad_rows(sources, ns * tile - n).reshape(ns, tile, d)
-    q = pad_rows(charges, ns * tile - n).reshape(ns, tile, kq)
-    valid = (jnp.arange(ns * tile) < n).reshape(ns, tile)
+    x = pad_rows(sources, ns * chunk - n).reshape(ns, chunk, d)
+    q = pad_rows(charges, ns * chunk - n).reshape(ns, chunk, kq)
+    valid = (jnp.arange(ns * chunk) < n).reshape(ns, chunk)
 
     def one_tile(yt):
         def body(acc, src):
@@ -97,7 +113,7 @@ def dense(kernel: Kernel, targets, sources, charges, gradient: bool,
             return (acc[0] + phi, acc[1] + grad if gradient else None), None
         init = (jnp.zeros((tile, kq), yt.dtype),
                 jnp.zeros((tile, kq, d), yt.dtype) if gradient else None)
-        return jax.lax.scan(body, init, (x, q, valid))[0]
+        return jax.lax.scan(body, init, (x, q, valid), unroll=unroll)[0]
 
     phi, grad = _map(one_tile, y, batch)
     phi = phi.reshape(nt * tile, kq)[:m]

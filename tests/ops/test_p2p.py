@@ -63,3 +63,21 @@ def test_near_field_tiles_not_a_multiple_of_the_batch(n_tgt, leaves, rng):
     inv = np.where(near, 1 / np.linalg.norm(d, axis=-1), 0.0)
     assert rel(phi, inv @ np.asarray(qs)) < 1e-13
     assert rel(grad, np.einsum("tsd,ts,sk->tkd", d, -inv ** 3, np.asarray(qs))) < 1e-13
+
+
+@pytest.mark.parametrize("sources, limit", [(64, 16), (64, 1)])
+def test_dense_source_chunks_unrolled_or_looped(sources, limit, monkeypatch, rng):
+    """All pairs on the CPU: source chunks unrolled (up to CPU_CHUNKS of
+    them) or looped beyond, both with a partly filled last chunk and
+    target tile, coincident pairs skipped, against a float64 numpy sum."""
+    monkeypatch.setattr(p2p, "CPU_SOURCES", sources)
+    monkeypatch.setattr(p2p, "CPU_CHUNKS", limit)
+    x, y = rng.random((300, 3)), rng.random((77, 3))
+    y[3] = x[10]
+    q = rng.random((300, 2)) - 0.5
+    phi, grad = jax.jit(lambda a, b, c: p2p.dense(K.Laplace3D(), a, b, c, True))(y, x, q)
+    d = y[:, None] - x[None]
+    r = np.linalg.norm(d, axis=-1)
+    inv = np.divide(1.0, r, out=np.zeros_like(r), where=r > 0)
+    assert rel(phi, inv @ q) < 1e-13
+    assert rel(grad, np.einsum("tsd,ts,sk->tkd", d, -inv ** 3, q)) < 1e-13
