@@ -18,9 +18,9 @@ import compile_settings
 def _own_cores() -> None:
     """Each xdist worker runs on its own share of the cores. XLA's CPU
     runtime sizes its thread pool from this process's cores; two workers
-    each spreading over both cores of a 2-core machine spend their loops
-    handing work between threads (the jnp near field of 2^16 points ran
-    0.85 s on two cores, 0.61 s on one)."""
+    whose pools both span a 2-core machine contend, and their loops pay
+    for handing work between threads (the suite took 620-682 s, pinned
+    517 s; docs/BENCHMARKS.md, "The test suite")."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(
         "PYTEST_XDIST_WORKER_COUNT")
     if not (worker and count and hasattr(os, "sched_setaffinity")):
