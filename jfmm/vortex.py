@@ -220,6 +220,13 @@ def _and_gradient(f, y):
 # velocity 0.03-0.19e-6 over 12 draws. Their sums run at eps / 5, or at
 # the family's floor, or what its estimate reaches, where that is higher.
 _SECOND = 5.0
+# Below _SECOND_TAIL pairs (N M) the factor grows like the 3D Laplace
+# series' tail (`laplace3d._error_bound`: one pair near facing corners sets
+# the error, and its share falls like 1 / sqrt(sqrt(N M))): boxes of 0.1
+# with core 0.02 on the FMM, eps 1e-6 at eps / 5, stretching up to 1.09 eps
+# at 4,096 points (H200, 8 draws; 0.50 eps at eps / 10) and 1.13 eps at
+# 1,200 (CPU, eps 1e-4, one draw in about 30), against 0.35 eps at 2^18.
+_SECOND_TAIL = 2.0 ** 30
 
 
 # Second derivatives over all pairs cost several times their gradients
@@ -261,11 +268,14 @@ def _second_leaf(leaf_size, kernel, eps, sources, targets):
     return max(1, round(laplace3d_model.leaf_size(made[0].order) / _SECOND_WEIGHT))
 
 
-def _second(eps, kernel, dtype, dim=3):
+def _second(eps, kernel, dtype, dim=3, pairs=None):
+    """The eps of a sum whose second derivatives must meet eps, over `pairs`
+    (N M; None: a set large enough for _SECOND alone)."""
     if eps is None:
         return None
     least = configure.floor(kernel, dim, dtype)
-    return eps if eps <= least else max(eps / _SECOND, least)
+    tail = 1.0 if pairs is None else max(1.0, (_SECOND_TAIL / pairs) ** 0.25)
+    return eps if eps <= least else max(eps / (_SECOND * tail), least)
 
 
 def _grad_psi(sources, strengths, targets, kernel, eps, leaf_size, loosest=None,
@@ -304,10 +314,11 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     with [m, i, j] = d u_i / d y_j, from the FMM's second derivatives
     (`jfmm.primitive`, `jfmm.passes.hessian`; on a GPU the time of
     several velocity sums: docs/BENCHMARKS.md, "Vortex methods").
-    That sum runs at eps / 5, which keeps the second derivatives within
+    That sum runs at eps / 5 (lower below 2^30 pairs, where one pair's
+    error weighs more: `_second`), which keeps the second derivatives within
     eps too (with eps=None, or where the family's floor
     (`jfmm.configure.floor`) or its estimate for the points stops above
-    eps / 5, the sum runs at the default or there, and they may err several
+    that, the sum runs at the default or there, and they may err several
     times more).
     jit-able (eps and smoothing static) and differentiable (through
     `jfmm.fmm`'s rules).
@@ -316,7 +327,8 @@ def velocity(sources, strengths, targets=None, *, core=0.0, smoothing="singular"
     kernel = stream_kernel(smoothing, core)
     if not gradient:
         return _grad_psi(sources, strengths, targets, kernel, eps, leaf_size, curl=True)
-    second = _second(eps, kernel, sources.dtype)
+    second = _second(eps, kernel, sources.dtype,
+                     pairs=sources.shape[0] * (sources if targets is None else targets).shape[0])
     leaf_size = _second_leaf(leaf_size, kernel, second, sources, targets)
     return _and_gradient(lambda t: p2p.curl(_grad_psi(sources, strengths, t, kernel, second,
                                                       leaf_size, eps)),
@@ -328,13 +340,13 @@ def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
     """Velocity u (N, 3) at the elements and their stretching (alpha_n . grad) u
     (N, 3): d alpha / dt of the classical scheme. One FMM sum of the curl
     (`jfmm.fmm`'s gradient="curl") differentiated along each element's own
-    strength, at eps / 5: its near field sums three terms a pair from the
+    strength, at eps / 5 or lower (as `velocity`): its near field sums three terms a pair from the
     kernel's second derivatives and its far field differentiates the L2P
     along alpha_n (`jfmm.passes.curl_along`; reverse mode through it takes
     the second derivatives of `velocity(gradient=True)`)."""
     sources, strengths, _ = _check(sources, strengths, None, 3)
     kernel = stream_kernel(smoothing, core)
-    second = _second(eps, kernel, sources.dtype)
+    second = _second(eps, kernel, sources.dtype, pairs=sources.shape[0] ** 2)
     leaf_size = _second_leaf(leaf_size, kernel, second, sources, None)
     return jax.jvp(lambda t: _grad_psi(sources, strengths, t, kernel, second, leaf_size, eps,
                                        curl=True), (sources,), (strengths.astype(sources.dtype),))

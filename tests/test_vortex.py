@@ -234,7 +234,7 @@ def test_second_derivatives_above_the_crossover_take_smaller_leaves(rng, monkeyp
     the family's own."""
     from jfmm import configure
     from jfmm.models import laplace3d as model
-    n, eps, core = 1200, 1e-4, 0.02
+    n, eps, core = 2000, 1e-4, 0.02
     x, a = 0.1 * rng.random((n, 3)), rng.standard_normal((n, 3)) / n
     monkeypatch.setattr(configure, "DIRECT_PAIRS", {"cpu": {("laplace3d", 3, "float64"):
                                                             (2 ** 10, 1e-6, 13)}})
@@ -243,7 +243,8 @@ def test_second_derivatives_above_the_crossover_take_smaller_leaves(rng, monkeyp
     resolve = configure.resolve
     monkeypatch.setattr(configure, "resolve",
                         lambda *args, **kw: chosen.append(resolve(*args, **kw)) or chosen[-1])
-    second = vortex._second(eps, vortex.stream_kernel("polynomial", core), jnp.float64)
+    second = vortex._second(eps, vortex.stream_kernel("polynomial", core), jnp.float64,
+                            pairs=n * n)
     leaf = vortex._second_leaf(None, vortex.stream_kernel("polynomial", core), second,
                                jnp.asarray(x), None)
     assert leaf == round(model.leaf_size(chosen[-1].order) / vortex._SECOND_WEIGHT)
