@@ -69,31 +69,31 @@ def _fmm_eval(sources, charges, targets, kernel, check, config, gradient, mode):
     """Build the tree and bind the FMM primitive (`_bind`; config static,
     `Config.static`, and check its `Config.check_arrays`).
     A configuration with a fallback (traced points, `Config.fallback`)
-    sums with it where its own does not take the points
-    (`configure.takes`)."""
+    sums with it where its own does not fit the points
+    (`configure.series_fit`)."""
     if config.fallback is not None:
         run = functools.partial(_fmm_eval, sources, charges, targets, kernel,
                                 gradient=gradient, mode=mode)
-        fits = _configure.takes(config, kernel, sources, targets)
+        fits = (_configure.crowded(config, sources, targets) if config.tree == "adaptive"
+                else _configure.series_fit(config, kernel, sources, targets))
         return jax.lax.cond(fits, lambda: run(check, dataclasses.replace(config, fallback=None)),
                             lambda: run(None, config.fallback))
     if config.tree == "adaptive":
-        tree = _adaptive_tree(sources, targets, config.leaf, config.reach)
+        tree = _adaptive_tree(sources, targets, config.leaf)
     else:
         tree = _tree.build(sources, targets, config.depth)
     return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config, check,
                  gradient, mode)
 
 
-def _adaptive_tree(sources, targets, leaf: int, reach: float, build=_adaptive.build):
+def _adaptive_tree(sources, targets, leaf: int, build=_adaptive.build):
     """The adaptive tree of traced points: capacities from their shapes
-    alone (`adaptive.bounded_capacities`), which hold any points; no box
-    smaller than reach. build: `_adaptive_jit` for concrete points (one
-    program, not op by op)."""
+    alone (`adaptive.bounded_capacities`), which hold any points. build:
+    `_adaptive_jit` for concrete points (one program, not op by op)."""
     n = sources.shape[0] + (0 if targets is None else targets.shape[0])
     caps = _adaptive.bounded_capacities(n, sources.shape[1], leaf, sources.dtype,
                                         None if targets is None else targets.shape[0])
-    return build(sources, targets, leaf, caps, False, reach)
+    return build(sources, targets, leaf, caps)
 
 
 def _bind(tree, ops, kernel, charges, config, check, gradient, mode):
@@ -516,7 +516,7 @@ class Plan:
                                f"does not carry over): make a new plan from them with "
                                f"jfmm.plan(...)")
         if (self.config.reach and self.config.family is not None and self.tree.depth >= 2
-                and isinstance(self.tree, _tree.Tree) and _configure.concrete(self.tree.side)
+                and _configure.concrete(self.tree.side)
                 and float(self.tree.box_side(self.tree.depth)) < self.config.reach):
             raise RuntimeError(f"the points (Plan.update) leave leaves smaller than "
                                f"{self.config.reach:.3g}, within which the kernel is not 1/r "
@@ -552,8 +552,7 @@ class Plan:
         sources = checked("sources", sources, self.tree.src_sorted)
         targets = None if targets is None else checked("targets", targets, self.tree.tgt_sorted)
         if isinstance(self.tree, _adaptive.AdaptiveTree):
-            tree = _adaptive_jit(sources, targets, self.tree.leaf_size, self.tree.caps, False,
-                                 self.tree.reach)
+            tree = _adaptive_jit(sources, targets, self.tree.leaf_size, self.tree.caps)
         else:
             tree = _build_jit(sources, targets, self.tree.depth)
         return dataclasses.replace(self, tree=tree)
@@ -654,10 +653,10 @@ def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None
         # Capacities from the shapes; traced points' order was chosen for them.
         if bounded:
             config = _configure.on_tree(config, None, kernel, sources, targets, order, charged)
-        tree = _adaptive_tree(sources, targets, config.leaf, config.reach,
+        tree = _adaptive_tree(sources, targets, config.leaf,
                               _adaptive_jit if concrete else _adaptive.build)
     elif config.tree == "adaptive":
-        tree = _adaptive.plan_tree(sources, targets, config.leaf, config.reach)
+        tree = _adaptive.plan_tree(sources, targets, config.leaf)
         config = _configure.on_tree(config, tree, kernel, sources, targets, order, charged)
     else:
         tree = _build_jit(sources, targets, config.depth)

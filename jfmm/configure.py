@@ -94,9 +94,8 @@ class Config:
     one-axis `jax.sharding.Mesh` whose devices share the work
     (`jfmm.distributed`); reach: where a family's own kernel stands in
     for the caller's beyond a distance (`Kernel.laplace_beyond`), that
-    distance: leaves must be at least as large (a uniform tree's points
-    that break it give NaN; an adaptive tree stops splitting there);
-    fallback: for traced points
+    distance: leaves must be at least as large (uniform trees only; a
+    plan's points that break it give NaN); fallback: for traced points
     with a reach, the configuration for points whose leaves come out
     smaller than the reach or whose ratio is below `ratio` (the series at a
     lower ratio, or the direct sum; `jfmm.api` chooses at run time,
@@ -203,28 +202,22 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
     capacities (`jfmm.api`), "auto" with the uniform configuration as its
     fallback, taken at run time where the points do not crowd (`crowded`),
     except where they cannot (a tree this shallow) or on a mesh (`mesh`);
-    Chebyshev kernels keep the uniform tree there. Kernels summed as 1/r
-    beyond a core (`config.reach`) take it under "auto" for traced points
-    alone, with no box smaller than the core (`AdaptiveTree.reach`), where
-    the points crowd and their `core_ratio` reaches the configuration's
-    (`takes`). order: the caller's."""
+    Chebyshev kernels keep the uniform tree there. order: the caller's."""
     tree = _check_tree(tree)
     pts = [sources] + ([] if targets is None else [targets])
-    traced = not all(concrete(x) for x in pts)
     fits = (config.family is not None and config.family.SCHEME == "tree"
-            and config.depth >= 2 and (not config.reach or (traced and tree == "auto")))
+            and config.depth >= 2 and not config.reach)
     if tree == "uniform" or not fits:
         if tree == "adaptive" and config.reach:
             raise ValueError("tree='adaptive' is not available for kernels summed as 1/r "
                              "beyond a core (Kernel.laplace_beyond): their leaves must "
-                             "not be smaller than the core; use tree='uniform', or "
-                             "tree='auto' inside jax.jit, which takes an adaptive tree "
-                             "of boxes no smaller than the core where the points crowd")
+                             "not be smaller than the core; use tree='uniform'")
         if tree == "adaptive":
             raise ValueError(f"tree='adaptive' needs a far field of the series or Chebyshev "
                              f"families; this call sums with {config.name!r} "
                              f"(depth {config.depth})")
         return config
+    traced = not all(concrete(x) for x in pts)
     if traced and config.name == "chebyshev":
         # Its order is chosen per tree (`on_tree`), which traced points lack.
         if tree == "adaptive":
@@ -242,7 +235,7 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
         # A tree of bounded capacities (`adaptive.bounded_capacities`), which
         # holds any points of these shapes; "auto" takes it at run time where
         # the points crowd the uniform tree (`jfmm.api`), else the uniform one.
-        adaptive = on_tree(dataclasses.replace(config, tree="adaptive", fallback=None,
+        adaptive = on_tree(dataclasses.replace(config, tree="adaptive",
                                                leaf=adaptive_leaf(config, sources, targets)),
                            None, None, sources, targets, order)
         if tree == "adaptive":
@@ -355,9 +348,7 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None,
                                                                              config.gradient))
     if config.name == "laplace3d":
         n_tgt = sources.shape[0] if targets is None else targets.shape[0]
-        # a cored kernel's series sums at eps times the ratio of the sums' norms
-        eps = config.eps * config.ratio if config.reach else config.eps
-        p = laplace3d_model.order_for_eps(eps, sources.dtype,
+        p = laplace3d_model.order_for_eps(config.eps, sources.dtype,
                                           (sources.shape[0] * n_tgt) ** 0.5, config.gradient,
                                           adaptive=True)
         return dataclasses.replace(config, order=max(p, config.order))
@@ -590,20 +581,6 @@ def _whole_batch(flag):
 @_whole_batch.def_vmap
 def _whole_batch_rule(axis_size, in_batched, flag):
     return jnp.any(flag) if in_batched[0] else flag, False
-
-
-def takes(config: Config, kernel, sources, targets):
-    """Whether a configuration with a fallback sums these (traced) points
-    itself: an adaptive tree where they crowd the fallback's uniform tree
-    (`crowded`; a cored kernel's where their `core_ratio` also reaches
-    its ratio), a uniform tree where its series fits them (`series_fit`).
-    A traced bool."""
-    if config.tree != "adaptive":
-        return series_fit(config, kernel, sources, targets)
-    crowd = crowded(config, sources, targets)
-    if not config.reach:
-        return crowd
-    return crowd & (core_ratio(kernel, sources, targets, config.gradient) >= config.ratio)
 
 
 def series_fit(config: Config, kernel, sources, targets):

@@ -445,16 +445,13 @@ def caller_order(tree, phi, grad, gradient: bool, config: Config | None = None):
     tree holds non-finite coordinates, (adaptive) overflowed its
     capacities, or (a uniform tree with a far field, `config.reach`) has
     leaves smaller than the distance within which the kernel is not the
-    family's (an adaptive tree's boxes never are: `AdaptiveTree.reach`)."""
+    family's."""
     inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(
         jnp.arange(tree.tgt_perm.shape[0], dtype=tree.tgt_perm.dtype))
     nan = jnp.asarray(jnp.nan, phi.dtype)
     ok = tree.finite & ~getattr(tree, "overflow", False)
     if config is not None and config.reach and config.family is not None and tree.depth >= 2:
-        if isinstance(tree, adaptive.AdaptiveTree):
-            assert tree.reach >= config.reach, (tree.reach, config.reach)
-        else:
-            ok = ok & (tree.box_side(tree.depth) >= config.reach)
+        ok = ok & (tree.box_side(tree.depth) >= config.reach)
     phi = jnp.where(ok, phi[inv], nan)
     if gradient:
         grad = jnp.where(ok, grad[inv], nan)

@@ -257,54 +257,6 @@ def test_second_derivatives_above_the_crossover_take_smaller_leaves(rng, monkeyp
                                jnp.asarray(x), None) is None
 
 
-def filaments(n, rng, radius=0.05):
-    """Three rings of radius `radius` in the unit cube, their points evenly
-    spaced at a random phase and jittered by 1e-4, and a tenth of the
-    points uniform in a box 4 wide."""
-    m = n - n // 10
-    t = 2 * np.pi * (np.arange(m) / (m // 3) + rng.random())
-    centres = np.array([[0.3, 0.3, 0.3], [0.7, 0.4, 0.6], [0.4, 0.7, 0.5]])[np.arange(m) // (m // 3)]
-    ring = radius * np.stack([np.cos(t), np.sin(t), 0 * t], 1)
-    return np.concatenate([centres + ring + 1e-4 * rng.normal(size=(m, 3)),
-                           4 * rng.random((n // 10, 3))])
-
-
-@pytest.mark.optimized           # the stretching's programs run longer than they compile
-def test_cored_sums_take_traced_adaptive_trees(rng, monkeypatch):
-    """Inside jit, tree="auto" sums a cored kernel on crowded points on an
-    adaptive tree with no box smaller than the core (`AdaptiveTree.reach`)
-    where their core ratio reaches the series' (`configure.takes`):
-    filaments (`filaments`) and core 0.006 (ratio 0.16). Velocity and
-    stretching within eps of Biot-Savart, the velocity differing from the
-    uniform tree's; a core of ratio below 0.1 keeps the uniform chain. The
-    tree's leaves of 8 points stay above the core here; of 4 points they
-    would reach boxes of 0.004."""
-    from jfmm.tree import adaptive
-    n, eps, core = 600, 1e-4, 0.006
-    x, a = filaments(n, rng), rng.standard_normal((n, 3)) / n
-    reaches, exact_root = [], adaptive.exact_root
-    monkeypatch.setattr(adaptive, "exact_root",
-                        lambda p, reach=0.0: reaches.append(reach) or exact_root(p, reach))
-
-    def curl(core, tree):
-        kernel = vortex.stream_kernel("polynomial", core)
-        return jax.jit(lambda y: jfmm.fmm(y, a, kernel=kernel, eps=eps, gradient="curl",
-                                          leaf_size=2, tree=tree))(x) / (4 * np.pi)
-    ref_u, ref_du = biot_savart(x, a, x, "polynomial", core)
-    u = curl(core, "auto")
-    assert reaches == [core]                            # traced once, with the core
-    assert rel(u, ref_u) < eps and rel(u, curl(core, "uniform")) > 1e-12
-    u, s = jax.jit(lambda y: vortex.stretching(y, a, core=core, smoothing="polynomial",
-                                               eps=eps, leaf_size=2))(x)
-    assert rel(u, ref_u) < eps and rel(s, np.einsum("mij,mj->mi", ref_du, a)) < eps
-    assert rel(curl(0.03, "auto"), curl(0.03, "uniform")) < 1e-14
-    caps = adaptive.bounded_capacities(n, 3, 4, jnp.float64)
-    for reach in (0.0, core):
-        tree = adaptive.build(jnp.asarray(x), None, 4, caps, False, reach)
-        least = float(jnp.min(jnp.where(tree.valid, tree.box_side(tree.level), jnp.inf)))
-        assert (least >= core) == bool(reach)
-
-
 def test_gaussian_core_reach():
     """Beyond its reach the Gaussian core's G, G' and G'' are 1/r's to the
     tolerance asked (float64 against the closed forms)."""

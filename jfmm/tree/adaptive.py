@@ -3,10 +3,7 @@
 Boxes split while they hold more than `leaf_size` sources or targets that
 are not all at one place, so leaves sit at different levels and hold at
 most `leaf_size` points, or more where they coincide (or are closer than
-the deepest level's box side). A tree built with a reach (a kernel that is
-1/r only beyond it, `Kernel.laplace_beyond`) stops splitting at the last
-level whose boxes are at least that large, so that every pair its far
-lists (V, W, X) translate lies at least a box side apart. The tree is built top-down, one level at a
+the deepest level's box side). The tree is built top-down, one level at a
 time, from the points' integer coordinates, with the points in Morton order
 (sorted once, by the 30-bit words of their keys at the deepest level, so
 depth is not bounded by one key's bits): each child's points are one run.
@@ -206,13 +203,13 @@ class Capacities(NamedTuple):
                  "colleagues", "center", "src_perm", "src_sorted", "src_start", "src_leaf",
                  "tgt_perm", "tgt_sorted", "tgt_start", "tgt_leaf", "near", "w_tile", "w_pos",
                  "x_tile", "x_pos", "tgt_blocks", "src_blocks", "finite", "overflow"],
-    meta_fields=["dim", "leaf_size", "caps", "shared", "reach"])
+    meta_fields=["dim", "leaf_size", "caps", "shared"])
 @dataclasses.dataclass(frozen=True)
 class AdaptiveTree:
     """An adaptive, 2:1-balanced tree (module docstring).
 
     Static (changing them recompiles): dim, leaf_size, caps (`Capacities`),
-    shared (targets are the sources), reach (no box is smaller; 0: none).
+    shared (targets are the sources).
     Arrays (B box slots, sentinel B; N sources, M targets):
       lo (dim,), side ()          root box [lo, lo + side]^dim
       level, parent, first_child  (B,) int32 (parent B for the root,
@@ -272,7 +269,6 @@ class AdaptiveTree:
     leaf_size: int
     caps: Capacities
     shared: bool = False
-    reach: float = 0.0
 
     @property
     def offsets(self) -> tuple:
@@ -330,21 +326,17 @@ def deepest_level(lo, side, dtype):
     return jnp.clip(jnp.floor(bits - 3 - spread), 0, MAX_LEVEL).astype(jnp.int32)
 
 
-def exact_root(points, reach: float = 0.0):
+def exact_root(points):
     """The adaptive root box of finite points (N, d): `root_box`'s cube
     grown to a power-of-two side, its corner snapped down to a multiple of
     the deepest level's half side. Returns lo (d,), side (), deepest level
-    (): where boxes are exact, and (reach > 0) no smaller than reach."""
+    ()."""
     lo0, side0 = root_box(points)
     side = jnp.ldexp(jnp.ones_like(side0), jnp.ceil(jnp.log2(side0)).astype(jnp.int32))
     side = jnp.where(side < side0, 2 * side, side)           # log2 rounding
     deepest = deepest_level(lo0, side, points.dtype)
     quantum = jnp.ldexp(side, -(deepest + 1))
     lo = jnp.floor(lo0 / quantum) * quantum
-    if reach:
-        # the last level of boxes at least reach in side (a rounded log2 only lowers it)
-        fits = jnp.floor(jnp.log2(side / jnp.asarray(reach, side.dtype)) * (1 - 1e-6))
-        deepest = jnp.minimum(deepest, jnp.clip(fits, 0, MAX_LEVEL).astype(jnp.int32))
     return lo, side, deepest
 
 
@@ -466,13 +458,12 @@ def _morton_order(q, levels: int):
     return perm
 
 
-@_xla.once(static_argnums=(2,))
-def _root_state(sources, targets, reach: float = 0.0):
+@_xla.once
+def _root_state(sources, targets):
     """The root box, the Morton order of sources then targets (P,) and
-    level 0's state for `_level_step` (the points in that order); reach: as
-    `exact_root`."""
+    level 0's state for `_level_step` (the points in that order)."""
     both = sources if targets is None else jnp.concatenate([sources, targets])
-    lo, side, deepest = exact_root(both, reach)
+    lo, side, deepest = exact_root(both)
     safe = jnp.where(jnp.isfinite(both), both, lo)
     q = jnp.clip((safe - lo) / side, 0.0, 1.0)
     d = q.shape[1]
@@ -537,12 +528,12 @@ def room(count: int, multiple: int = 1) -> int:
         k += 1
 
 
-def _level_capacities(sources, targets, leaf_size: int, reach: float = 0.0) -> tuple:
+def _level_capacities(sources, targets, leaf_size: int) -> tuple:
     """Slots per level for these (concrete) points (`room` of the boxes
     each level needs): `_level_counts` with a power of two of slots per
     level that holds 2^d children for every full leaf, quadrupled where the
     splits that balance the tree ask for more."""
-    _, _, _, state = _root_state(sources, targets, reach)
+    _, _, _, state = _root_state(sources, targets)
     ways = 2 ** sources.shape[1]
     size = 1 << (ways * -(-state[2].shape[0] // leaf_size) - 1).bit_length()
     while True:
@@ -604,12 +595,12 @@ def far_chunk(capacity: int) -> int:
     return chunk
 
 
-def capacities(sources, targets, leaf_size: int, reach: float = 0.0) -> Capacities:
+def capacities(sources, targets, leaf_size: int) -> Capacities:
     """The capacities of these (concrete) points' tree (`plan_tree`)."""
-    return plan_tree(sources, targets, leaf_size, reach).caps
+    return plan_tree(sources, targets, leaf_size).caps
 
 
-def plan_tree(sources, targets, leaf_size: int, reach: float = 0.0) -> AdaptiveTree:
+def plan_tree(sources, targets, leaf_size: int) -> AdaptiveTree:
     """The tree of these (concrete) points with capacities sized from them:
     the levels' sizes (`_level_capacities`, one program), then the tree
     built (its levels in one loop: one step to compile), then the work
@@ -617,26 +608,25 @@ def plan_tree(sources, targets, leaf_size: int, reach: float = 0.0) -> AdaptiveT
     rebuilds with the same capacities."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
-    levels = _level_capacities(sources, targets, leaf_size, reach)
-    tree = build_jit(sources, targets, leaf_size, Capacities(levels), True, reach)   # built once
+    levels = _level_capacities(sources, targets, leaf_size)
+    tree = build_jit(sources, targets, leaf_size, Capacities(levels), True)   # built once
     w, x, tgt, src = jax.device_get(_work_counts(tree))
     blocks = lambda counts: tuple(room(int(c)) if c else 0 for c in counts)   # noqa: E731
     return work_lists(tree, Capacities(levels, room(int(w)), room(int(x)), blocks(tgt),
                                        blocks(src)))
 
 
-def build(sources, targets, leaf_size: int, caps: Capacities, scan: bool = False,
-          reach: float = 0.0) -> AdaptiveTree:
+def build(sources, targets, leaf_size: int, caps: Capacities, scan: bool = False) -> AdaptiveTree:
     """The adaptive tree of sources (N, d) and targets (M, d) or None (the
     sources), with the capacities `caps` (`capacities`; caps.w None: no
     work lists or busy blocks yet); scan: the levels in one loop (`_levels`:
-    faster to compile, slower to run); reach: no box smaller (module
-    docstring). jit-able with leaf_size, caps, scan and reach static."""
+    faster to compile, slower to run). jit-able with leaf_size, caps and
+    scan static."""
     sources = jnp.asarray(sources)
     targets = None if targets is None else jnp.asarray(targets)
     # Only the sorted points carry derivatives (the boxes are piecewise
     # constant in them): differentiating the rest only makes programs larger.
-    lo, side, perm, state = _root_state(*jax.lax.stop_gradient((sources, targets)), reach)
+    lo, side, perm, state = _root_state(*jax.lax.stop_gradient((sources, targets)))
     offsets = tuple(int(v) for v in np.concatenate([[0], np.cumsum(caps.levels)]))
     total = offsets[-1]
     leaf_of = jnp.full(state[2].shape[0], total, jnp.int32)
@@ -644,11 +634,10 @@ def build(sources, targets, leaf_size: int, caps: Capacities, scan: bool = False
                                        scan)
     leaf_of = jnp.zeros_like(leaf_of).at[perm].set(leaf_of, unique_indices=True)   # input order
     tree = _assemble(sources, targets, lo, side, steps, leaf_of, overflow, leaf_size, caps.levels)
-    tree = dataclasses.replace(tree, reach=float(reach))
     return tree if caps.w is None else work_lists(tree, caps)
 
 
-build_jit = _xla.once(build, static_argnums=(2, 3, 4, 5))
+build_jit = _xla.once(build, static_argnums=(2, 3, 4))
 
 
 def _levels(state, leaf_size: int, levels: tuple, leaf_of, bounded: bool, scan: bool):
