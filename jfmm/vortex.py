@@ -340,10 +340,11 @@ def stretching(sources, strengths, *, core=0.0, smoothing="singular", eps=None,
     """Velocity u (N, 3) at the elements and their stretching (alpha_n . grad) u
     (N, 3): d alpha / dt of the classical scheme. One FMM sum of the curl
     (`jfmm.fmm`'s gradient="curl") differentiated along each element's own
-    strength, at eps / 5 or lower (as `velocity`): its near field sums three terms a pair from the
-    kernel's second derivatives and its far field differentiates the L2P
-    along alpha_n (`jfmm.passes.curl_along`; reverse mode through it takes
-    the second derivatives of `velocity(gradient=True)`)."""
+    strength, at eps / 5 or lower (as `velocity`): its near field sums
+    three terms a pair from the kernel's second derivatives and its far
+    field differentiates the L2P along alpha_n (`jfmm.passes.curl_along`;
+    reverse mode through it takes the second derivatives of
+    `velocity(gradient=True)`)."""
     sources, strengths, _ = _check(sources, strengths, None, 3)
     kernel = stream_kernel(smoothing, core)
     second = _second(eps, kernel, sources.dtype, pairs=sources.shape[0] ** 2)
