@@ -16,7 +16,7 @@ from jfmm._compat import Tracer
 from jfmm.models import Unreachable
 from jfmm.ops import backend
 from jfmm.models.chebyshev import ROUNDING_FLOOR
-from jfmm.rbf import field, local, nystrom, polynomial, system
+from jfmm.rbf import field, local, nystrom, polynomial, schwarz, system
 
 # Up to this many data points the system is solved densely, as scipy does;
 # on the CPU up to DENSE_MAX_CPU: at 8,000 3D points (thin-plate, 2-core CPU,
@@ -512,7 +512,8 @@ class RBFInterpolator:
         exponents = _lift_powers(self.powers)
         p = polynomial.monomials((self._sites - self._shift) / self._scale, exponents)
         if st.method == "dense":
-            c, a, residual = _dense_solve(self._sites, values, smoothing, k, p)
+            c, a, residual = _dense_solve(self._sites, values, smoothing, k, p,
+                                          st.degree >= KERNELS[st.kernel][2])
             return c, a, jnp.zeros((), jnp.int32), residual
         # On levels of this epsilon and smoothing (`_prepare`).
         c, a, iterations, residual = _krylov_solve(self._levels, values, p, st.settings)
@@ -888,18 +889,40 @@ def _bucket(m: int) -> int:
     return size
 
 
-def _dense_solve(y, values, smoothing, kernel, p):
-    """scipy's solve: LU of [[K + S, P], [P^T, 0]]. Returns c (N, S),
-    a (R, S) and the relative residual of the solve."""
+def _dense_solve(y, values, smoothing, kernel, p, definite: bool):
+    """The whole system [[K + S, P], [P^T, 0]] solved densely: by Cholesky
+    on the polynomials' null space where the kernel is (conditionally)
+    positive definite at its degree (`schwarz.null_space_solve`, half of
+    LU's arithmetic), else, or where that fails (a factorization that is
+    not positive definite, monomials of deficient rank), by LU as scipy.
+    2-core CPU, 8,000 3D points: LU 3.9 s, Cholesky 1.8 s. Returns
+    c (N, S), a (R, S) and the relative residual of the solve."""
     n, r = y.shape[0], p.shape[1]
-    r2 = jnp.sum((y[:, None, :] - y[None, :, :]) ** 2, axis=-1)
+    r2 = sum((y[:, i, None] - y[None, :, i]) ** 2 for i in range(y.shape[1]))
     lhs = kernel.pair(r2, False)[0] + jnp.diag(smoothing)
-    lhs = jnp.block([[lhs, p], [p.T, jnp.zeros((r, r), y.dtype)]])
-    rhs = jnp.concatenate([values, jnp.zeros((r, values.shape[1]), y.dtype)])
-    sol = jnp.linalg.solve(lhs, rhs)
-    residual = jnp.linalg.norm(lhs @ sol - rhs) / jnp.maximum(jnp.linalg.norm(rhs),
-                                                               jnp.finfo(y.dtype).tiny)
-    return sol[:n], sol[n:], residual
+
+    def lu():
+        saddle = jnp.block([[lhs, p], [p.T, jnp.zeros((r, r), y.dtype)]])
+        rhs = jnp.concatenate([values, jnp.zeros((r, values.shape[1]), y.dtype)])
+        sol = jnp.linalg.solve(saddle, rhs)
+        return sol[:n], sol[n:]
+
+    def polynomial_part(c):
+        if not r:
+            return jnp.zeros((0, values.shape[1]), y.dtype)
+        return jnp.linalg.lstsq(p, values - lhs @ c)[0]
+
+    if definite:
+        c, norms = schwarz.null_space_solve(lhs, p, values)
+        a = polynomial_part(c)
+        full_rank = jnp.all(norms > n * jnp.finfo(y.dtype).eps * jnp.max(norms, initial=0.0))
+        c, a = jax.lax.cond(full_rank & jnp.all(jnp.isfinite(c)), lambda: (c, a), lu)
+    else:
+        c, a = lu()
+    misfit = jnp.concatenate([lhs @ c + p @ a - values, p.T @ c])
+    residual = jnp.linalg.norm(misfit) / jnp.maximum(jnp.linalg.norm(values),
+                                                     jnp.finfo(y.dtype).tiny)
+    return c, a, residual
 
 
 def _krylov_solve(levels, values, p, settings):

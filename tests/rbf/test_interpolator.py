@@ -1,5 +1,5 @@
 """jfmm.RBFInterpolator against scipy.interpolate.RBFInterpolator (float64,
-its dense LU solve), finite differences, and its error paths."""
+its dense LU solve), numpy, finite differences, and its error paths."""
 import warnings
 
 import jax
@@ -49,7 +49,8 @@ def small_levels(monkeypatch):
 @pytest.mark.parametrize("dim", [2, 3])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_dense_matches_scipy_every_kernel(kernel, dim, rng):
-    """Both LU solves of one system: agreement to 1e-7, or to the system's
+    """Two dense solves of one system (ours by Cholesky on the polynomials'
+    null space, scipy's LU): agreement to 1e-7, or to the system's
     conditioning where that is worse (two close points make a flat
     kernel's cond reach 1e14; the solves then differed by 1.6e-7, a
     hundredth of cond x eps; over 200 draws at most 0.015 of it)."""
@@ -66,6 +67,42 @@ def test_dense_matches_scipy_every_kernel(kernel, dim, rng):
     p = np.prod(y[:, None, :] ** scipy.powers[None], axis=2)
     saddle = np.block([[k, p], [p.T, np.zeros((p.shape[1], p.shape[1]))]])
     assert rel(ours(x), scipy(x)) < max(1e-7, 0.1 * np.linalg.cond(saddle) * 2.2e-16)
+
+
+@pytest.mark.parametrize("case", ["indefinite", "below_degree"])
+def test_dense_solve_takes_lu_where_cholesky_cannot(case, rng):
+    """The dense solve factorizes by Cholesky on the polynomials' null space
+    where the kernel is conditionally positive definite at its degree; with
+    negative smoothing (indefinite, so Cholesky fails) or below the
+    kernel's minimum degree it solves by LU, as scipy. Against numpy's
+    float64 solve of the saddle system, at sites in three clusters."""
+    y = sites("cluster", 300, rng, 3)
+    d = values(y, rng)
+    smoothing, degree = (-0.5 * rng.random(300), 1) if case == "indefinite" else (1e-3, -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)         # scipy's: below the minimum degree
+        ours = jfmm.RBFInterpolator(y, d, kernel="thin_plate_spline", smoothing=smoothing,
+                                    degree=degree)
+    assert ours.method == "dense"
+    s = np.broadcast_to(smoothing, (300,))
+    r = np.linalg.norm(y[:, None] - y[None], axis=-1)
+    k = r ** 2 * np.log(np.where(r > 0, r, 1.0)) + np.diag(s)
+    p = np.asarray(ours._sites[:, :0]) if degree < 0 else polynomial_at(ours, y)
+    saddle = np.block([[k, p], [p.T, np.zeros((p.shape[1], p.shape[1]))]])
+    want = np.linalg.solve(saddle, np.concatenate([d, np.zeros(p.shape[1])]))
+    if case == "indefinite":
+        assert np.min(np.linalg.eigvalsh(k)) < 0
+    x = rng.random((50, 3))
+    rx = np.linalg.norm(x[:, None] - y[None], axis=-1)
+    kx = rx ** 2 * np.log(np.where(rx > 0, rx, 1.0))
+    px = polynomial_at(ours, x)[:, :p.shape[1]]
+    assert rel(ours(x), kx @ want[:300] + px @ want[300:]) < 1e-8
+
+
+def polynomial_at(it, x):
+    """The interpolator's monomials (shifted and scaled as scipy's) at x (m, d)."""
+    shift, scale = np.asarray(it._shift), np.asarray(it._scale)
+    return np.prod(((x - shift) / scale)[:, None, :] ** it.powers[None], axis=2)
 
 
 @pytest.mark.parametrize("degree", [0, 1, 2])
@@ -354,8 +391,9 @@ def _validation_gradients(y, d, xv, fv, **opts):
 
 
 def test_dense_gradients_against_finite_differences(rng):
-    """The dense solve's gradients (autodiff through LU) against central
-    differences of its loss, which an LU solve evaluates to rounding."""
+    """The dense solve's gradients (autodiff through its Cholesky
+    factorization) against central differences of its loss, which a
+    dense solve evaluates to rounding."""
     y = sites("uniform", 300, rng, 3)
     d = jnp.asarray(values(y, rng))
     xv = jnp.asarray(rng.random((60, 3)))
