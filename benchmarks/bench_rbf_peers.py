@@ -8,7 +8,8 @@ but the kernel) at N = 2,000, 5,000, 10,000 (sizes whose dense system would
 need more than ~8 GB are skipped), and ferreus_rbf (domain-decomposition
 preconditioned FGMRES with a black-box FMM, defaults, relative tolerance
 1e-6) at N = 10,000, 50,000, 200,000. Kernels 'linear' (-r, constant drift)
-and 'thin_plate_spline' (r^2 log r, linear drift) in both codes.
+and 'thin_plate_spline' (r^2 log r, linear drift) in both codes. With
+--jfmm-sizes, jfmm.RBFInterpolator at the same tolerance beside them.
 
 Per (peer, kernel, N): the median wall-clock fit over `--repeat` fits (one
 fit above N = 10,000), the evaluation at the 2,000 test points of
@@ -51,17 +52,34 @@ def fit_ferreus(y, d, kernel):
     return interp.evaluate, info
 
 
+def fit_jfmm(y, d, kernel):
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jfmm
+    interp = jfmm.RBFInterpolator(y, d, kernel=kernel, tol=1e-6)
+    jax.block_until_ready(interp._coeffs)
+    return interp, dict(method=interp.method, iterations=int(interp.iterations),
+                        residual=float(interp.residual))
+
+
 def version(peer):
     if peer == "scipy":
         return scipy.__version__
+    if peer == "jfmm":
+        import jax
+        return f"jax {jax.__version__}"
     from importlib.metadata import version as v
     return v("ferreus_rbf")
 
 
 def run(peer, kernel, n, repeat):
-    fit = {"scipy": fit_scipy, "ferreus_rbf": fit_ferreus}[peer]
+    fit = {"scipy": fit_scipy, "ferreus_rbf": fit_ferreus, "jfmm": fit_jfmm}[peer]
     y, d, x, fx = data(n)
-    times = []
+    times, first = [], {}
+    if peer == "jfmm":          # the process's first fit compiles: kept apart
+        t = time.perf_counter()
+        fit(y, d, kernel)
+        first = dict(first_fit_s=time.perf_counter() - t)
     for _ in range(repeat if n <= 10_000 else 1):
         t = time.perf_counter()
         interp, info = fit(y, d, kernel)
@@ -70,7 +88,7 @@ def run(peer, kernel, n, repeat):
     pred = np.asarray(interp(x))
     evaluate = time.perf_counter() - t
     return dict(peer=peer, version=version(peer), kernel=kernel, n=n,
-                fit_s=float(np.median(times)), fit_runs=len(times),
+                fit_s=float(np.median(times)), fit_runs=len(times), **first,
                 evaluate_2000_s=evaluate, rms_error=rms_error(pred, fx), **info,
                 threads=os.cpu_count(), host=platform.node())
 
@@ -79,12 +97,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scipy-sizes", type=int, nargs="+", default=[2_000, 5_000, 10_000])
     ap.add_argument("--ferreus-sizes", type=int, nargs="+", default=[10_000, 50_000, 200_000])
+    ap.add_argument("--jfmm-sizes", type=int, nargs="+", default=[],
+                    help="jfmm.RBFInterpolator (tol 1e-6, float64) in the same run; its "
+                         "first fit in the process (compilation included) is first_fit_s")
     ap.add_argument("--kernels", nargs="+", default=["linear", "thin_plate_spline"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
-    for peer, sizes in (("scipy", args.scipy_sizes), ("ferreus_rbf", args.ferreus_sizes)):
+    for peer, sizes in (("scipy", args.scipy_sizes), ("ferreus_rbf", args.ferreus_sizes),
+                        ("jfmm", args.jfmm_sizes)):
         for kernel in args.kernels:
             for n in sizes:
                 if peer == "scipy" and 3 * 8 * (n + 4) ** 2 > 8e9:   # matrix, LU, slack
