@@ -906,14 +906,8 @@ def _dense_solve(y, values, smoothing, kernel, p, definite: bool):
         sol = jnp.linalg.solve(saddle, rhs)
         return sol[:n], sol[n:]
 
-    def polynomial_part(c):
-        if not r:
-            return jnp.zeros((0, values.shape[1]), y.dtype)
-        return jnp.linalg.lstsq(p, values - lhs @ c)[0]
-
     if definite:
-        c, norms = schwarz.null_space_solve(lhs, p, values)
-        a = polynomial_part(c)
+        c, a, norms = schwarz.null_space_solve(lhs, p, values)
         full_rank = jnp.all(norms > n * jnp.finfo(y.dtype).eps * jnp.max(norms, initial=0.0))
         c, a = jax.lax.cond(full_rank & jnp.all(jnp.isfinite(c)), lambda: (c, a), lu)
     else:

@@ -315,35 +315,41 @@ def null_space_solve(a, p, b):
     R = 4: 2.7 s against 3.5 s). A zero column of P, as along a line, is
     skipped: the solve then constrains one direction more, which a
     preconditioner may. NaN where Z^T A Z is not positive definite.
-    a (m, m), p (m, R), b (m, k). Returns x and the norms (R,) of P's
-    columns as each reflection met them (|R_jj| of P's QR)."""
+    a (m, m), p (m, R), b (m, k). Returns x, the polynomial block
+    (R, k) of the same solution (a of the system above), and the norms
+    (R,) of P's columns as each reflection met them (|R_jj| of P's QR)."""
     m, r = p.shape
     tiny = jnp.finfo(a.dtype).tiny
     mm = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
-    ys, norms = [], []          # unit Householder vectors (m,), H = I - 2 v v^T
-    for j in range(r):
-        col = jnp.where(jnp.arange(m) >= j, p[:, j], 0.0)
+    rows, cols = jnp.arange(m), jnp.arange(r)
+
+    def reflect(j, state):      # column j's unit Householder vector, H = I - 2 v v^T
+        p, y, t, norms = state
+        col = jnp.where(rows >= j, p[:, j], 0.0)
         norm = jnp.linalg.norm(col)
         v = col.at[j].add(jnp.where(col[j] < 0, -norm, norm))
         v = jnp.where(norm > tiny, v / jnp.maximum(jnp.linalg.norm(v), tiny), 0.0)
-        p = p - 2 * jnp.outer(v, v @ p)
-        ys.append(v)
-        norms.append(norm)
+        p = p - 2 * jnp.outer(v, mm(v, p))
+        # Q = I - Y T Y^T: T's column j is -2 T (Y^T v) above the diagonal, 2 on it.
+        tj = jnp.where(cols < j, -2 * mm(t, mm(y.T, v)), 0.0).at[j].set(2.0)
+        return p, y.at[:, j].set(v), t.at[:, j].set(tj), norms.at[j].set(norm)
+
     if r:
-        y = jnp.stack(ys, axis=1)                            # (m, R)
-        t = jnp.zeros((r, r), a.dtype)                       # Q = I - Y T Y^T
-        for j in range(r):
-            t = t.at[:j, j].set(-2 * t[:j, :j] @ (y[:, :j].T @ y[:, j])).at[j, j].set(2.0)
+        zeros = jnp.zeros((r,), a.dtype)
+        p, y, t, norms = jax.lax.fori_loop(0, r, reflect, (p, jnp.zeros((m, r), a.dtype),
+                                                           jnp.zeros((r, r), a.dtype), zeros))
         ay = mm(a, y)
         w = mm(ay, t) - 0.5 * mm(y, mm(mm(t.T, mm(y.T, ay)), t))   # Q^T A Q = A - W Y^T - Y W^T
         a = a - mm(jnp.concatenate([w, y], 1), jnp.concatenate([y, w], 1).T)
         b = b - mm(y, mm(t.T, mm(y.T, b)))                   # Q^T b
     factor = jax.scipy.linalg.cho_factor(a[r:, r:], lower=True)
-    x = jnp.concatenate([jnp.zeros((r, b.shape[1]), a.dtype),
-                         jax.scipy.linalg.cho_solve(factor, b[r:])])
-    if r:
-        x = x - mm(y, mm(t, mm(y.T, x)))                     # Q [0; X]
-    return x, jnp.stack(norms) if r else jnp.zeros((0,), a.dtype)
+    u = jax.scipy.linalg.cho_solve(factor, b[r:])
+    if not r:
+        return u, jnp.zeros((0, b.shape[1]), a.dtype), jnp.zeros((0,), a.dtype)
+    # The first R rows of Q^T ([A, P] [x; poly] - b) = 0, with Q^T P = [R; 0].
+    poly = jax.scipy.linalg.solve_triangular(p[:r], b[:r] - mm(a[:r, r:], u), lower=False)
+    x = jnp.concatenate([jnp.zeros((r, b.shape[1]), a.dtype), u])
+    return x - mm(y, mm(t, mm(y.T, x))), poly, norms     # x = Q [0; U]
 
 
 # The local inverses are stored in this dtype where the points' is wider:
