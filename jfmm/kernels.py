@@ -192,6 +192,39 @@ def _root(r2, gradient: bool):
     return r2 * jax.lax.rsqrt(r2)
 
 
+def _log(x):
+    """log(x) for `from_r2` (x > 0, normal or infinite): jnp.log, except for
+    a CPU's float64, where XLA's logarithm does not vectorise inside the
+    pair loops (2-core CPU, all pairs of 20,000 points: 1.35 s against 0.29
+    s for a square root). There the exponent's bits and an atanh series of
+    the mantissa in [1/sqrt 2, sqrt 2), within 3 ulp of numpy's log: 0.56 s."""
+    if (jax.default_backend() != "cpu" or x.dtype != jnp.float64
+            or jax.config.read("jax_disable_most_optimizations")):   # unfused, one op is fewer
+        return jnp.log(x)
+    return _log64(x)
+
+
+@jax.custom_jvp
+def _log64(x):
+    bits = jax.lax.bitcast_convert_type(x, jnp.int64)
+    m = jax.lax.bitcast_convert_type((bits & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000,
+                                     jnp.float64)                  # x = m 2^e, m in [1, 2)
+    big = m > 1.4142135623730951
+    m = jnp.where(big, 0.5 * m, m)
+    e = ((bits >> 52) - 1023 + big).astype(jnp.float64)
+    s = (m - 1.0) / (m + 1.0)                   # log m = 2 atanh s, |s| <= 0.172
+    s2 = s * s
+    series = 1.0 / 23
+    for k in range(10, -1, -1):
+        series = series * s2 + 1.0 / (2 * k + 1)
+    out = e * _LN2[0] + (e * _LN2[1] + 2.0 * s * series)
+    return jnp.where((bits >> 52) >= 2047, x, out)      # inf and NaN as they are
+
+
+_log64.defjvp(lambda primals, tangents: (_log64(primals[0]), tangents[0] / primals[0]))
+_LN2 = (6.93147180369123816490e-01, 1.90821492927058770002e-10)   # ln 2, high and low parts
+
+
 def _cube_safe(inv):
     """1/r kept where its cube is finite: -1/r^3 overflows below r = 1.8e-103
     in float64 (1.4e-13 in float32) while the gradient term (y - x)/r^3 =
@@ -284,7 +317,7 @@ class ThinPlateSpline(Kernel):
         return jnp.where(r > 0, r * r * jnp.log(safe), 0.0)
 
     def from_r2(self, r2, gradient: bool):
-        log = jnp.log(r2)                                  # 2 log r
+        log = _log(r2)                                     # 2 log r
         return 0.5 * r2 * log, (log + 1 if gradient else None)
 
 
@@ -354,7 +387,7 @@ class Laplace2D(Kernel):
         return -jnp.log(r)
 
     def from_r2(self, r2, gradient: bool):
-        return -0.5 * jnp.log(r2), (-1 / r2 if gradient else None)
+        return -0.5 * _log(r2), (-1 / r2 if gradient else None)
 
 
 @_pytree_dataclass
