@@ -26,6 +26,9 @@ which are missing) and saved as a PNG in --docs:
   rbf_first.png      the first RBF constructor in a fresh process and the
                      eager refit, commit by commit (bench_rbf_fit --user:
                      rbf_user_h100.json)
+  rbf_cpu_peers.png  RBF fit times on the CPU beside scipy (dense) and
+                     ferreus_rbf (bench_rbf_peers --jfmm-sizes:
+                     rbf_peers_jfmm_cpu.json)
   crossover.png      eager fmm over direct against N, per case, on the GPU
                      and the CPU (bench_crossover: crossover_gpu.json,
                      crossover_gpu2.json, crossover_cpu.json)
@@ -633,7 +636,40 @@ def compile_stages(data, docs):
     return True
 
 
-FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, rbf_user, rbf_first, crossover,
+def rbf_cpu_peers(data, docs):
+    found = load(data, "rbf_peers_jfmm_cpu.json")
+    if found is None:
+        return False
+    rows = found[1]
+    ours = {(r["kernel"], r["n"]): r for r in rows if r["peer"] == "jfmm"}
+    cases = sorted(ours, key=lambda c: (c[1], c[0]))
+    colours = {"scipy": "C1", "ferreus_rbf": "C2", "jfmm, first fit in the process": "C9",
+               "jfmm, a later fit": "C0"}
+    fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
+    seen = set()
+    for i, case in enumerate(cases):
+        got = [(r["peer"], r["fit_s"]) for r in rows
+               if (r["kernel"], r["n"]) == case and r["peer"] != "jfmm"]
+        got += [("jfmm, first fit in the process", ours[case]["first_fit_s"]),
+                ("jfmm, a later fit", ours[case]["fit_s"])]
+        for k, (label, seconds) in enumerate(got):
+            x = i + (k - len(got) / 2 + 0.5) * 0.25
+            ax.bar(x, seconds, 0.25, color=colours[label], label=None if label in seen else label)
+            ax.annotate(f"{seconds:.1f}", (x, seconds), ha="center", fontsize=7,
+                        textcoords="offset points", xytext=(0, 2))
+            seen.add(label)
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([f"{kernel}\nN = {n:,}\n(jfmm: {ours[(kernel, n)]['method']})"
+                        for kernel, n in cases], fontsize=8)
+    ax.set(ylabel="seconds to fit", title="RBF fits on a 2-core CPU (float64, 3D uniform "
+           "points; jfmm and ferreus_rbf at residual 1e-6, scipy's dense LU)")
+    ax.legend(fontsize=8, loc="upper left")
+    save(fig, docs, "rbf_cpu_peers.png")
+    return True
+
+
+FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, rbf_user, rbf_first,
+           rbf_cpu_peers, crossover,
            orders, adaptive, adaptive_jit, multi, compile_stages)
 
 

@@ -203,9 +203,10 @@ class RBFInterpolator:
     The interpolant s(x) = sum_i c_i K(epsilon |x - y_i|) + P(x) a solves
     (K + diag(smoothing)) c + P a = d, P^T c = 0.
 
-    Solve (keyword-only extras; scipy has none): `method` 'dense' (LU of
-    the whole system, as scipy; the default up to N = 4096, 8192 on the
-    CPU) or 'krylov'
+    Solve (keyword-only extras; scipy has none): `method` 'dense' (the
+    whole system: Cholesky on the polynomials' null space where the kernel
+    is conditionally positive definite at its degree, else LU as scipy;
+    the default up to N = 4096, 8192 on the CPU) or 'krylov'
     (the default above): flexible GMRES on the moment-projected system
     (`jfmm.rbf.system`), every product an FMM sum of a plan built once
     (family, order and tree fixed), with the `preconditioner`:
