@@ -55,6 +55,13 @@ def pairwise(kernel: Kernel, y, x, q, mask, gradient: bool):
     return phi, (along(g, q) if gradient else None)
 
 
+def squared_distances(y, x):
+    """|y_i - x_j|^2 (T, S) of y (T, d) and x (S, d), one (T, S) array per
+    axis (a minor axis of d does not vectorise on a CPU: 512 local RBF
+    systems of 384 points, 0.30 s against 0.64 s)."""
+    return sum((y[:, i, None] - x[None, :, i]) ** 2 for i in range(y.shape[1]))
+
+
 def _map(f, xs, batch: int):
     """lax.map with `batch` tiles vectorised per step. The tile count must
     be a multiple of batch: a remainder would trace and compile f twice."""

@@ -14,7 +14,7 @@ import numpy as np
 from jfmm import api, kernels
 from jfmm._compat import Tracer
 from jfmm.models import Unreachable
-from jfmm.ops import backend
+from jfmm.ops import backend, p2p
 from jfmm.models.chebyshev import ROUNDING_FLOOR
 from jfmm.rbf import field, local, nystrom, polynomial, schwarz, system
 
@@ -898,7 +898,7 @@ def _dense_solve(y, values, smoothing, kernel, p, definite: bool):
     2-core CPU, 8,000 3D points: LU 3.9 s, Cholesky 1.8 s. Returns
     c (N, S), a (R, S) and the relative residual of the solve."""
     n, r = y.shape[0], p.shape[1]
-    r2 = sum((y[:, i, None] - y[None, :, i]) ** 2 for i in range(y.shape[1]))
+    r2 = p2p.squared_distances(y, y)
     lhs = kernel.pair(r2, False)[0] + jnp.diag(smoothing)
 
     def lu():

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jfmm.ops import p2p
 from jfmm.rbf import polynomial
 
 
@@ -278,9 +279,7 @@ def _local_system(kernel, pts, valid, smoothing, powers):
     are those of the identity in K + S and zero in P. The monomials are of
     locally centred and scaled coordinates: they span the same polynomials
     as the global ones, better conditioned."""
-    # One (m, m) array per axis: a minor axis of d does not vectorise on a
-    # CPU (2-core CPU, 512 systems of 384 points: 0.30 s against 0.64 s).
-    r2 = sum((pts[:, i, None] - pts[None, :, i]) ** 2 for i in range(pts.shape[1]))
+    r2 = p2p.squared_distances(pts, pts)
     both = valid[:, None] & valid[None, :]
     k = jnp.where(both, kernel.pair(r2, False)[0], 0.0)
     k = k + jnp.diag(jnp.where(valid, smoothing, 1.0))
