@@ -85,25 +85,48 @@ JIT_COLUMNS = [
 ]
 
 
+KERNELS = {"laplace3d": jfmm.kernels.Laplace3D, "imq": jfmm.kernels.InverseMultiquadric,
+           "yukawa": jfmm.kernels.Yukawa, "linear": jfmm.kernels.Linear}
+
+
+def kernel_of(spec: str):
+    """A kernel from "name" or "name:parameter" (`KERNELS`)."""
+    name, _, value = spec.partition(":")
+    return KERNELS[name](*([float(value)] if value else []))
+
+
+def radial_reference(kernel, x64, q64, y64):
+    """`reference` for any kernel: 3D Laplace by numpy, the others by
+    jfmm.direct in float64 on the device (all pairs, no tree)."""
+    if isinstance(kernel, jfmm.kernels.Laplace3D):
+        return reference(x64, q64, y64)
+    with jax.enable_x64(True):
+        phi, grad = jfmm.direct(jnp.asarray(x64), jnp.asarray(q64), jnp.asarray(y64),
+                                kernel=kernel, gradient=True)
+        return np.asarray(phi), np.asarray(grad)
+
+
 def jit_rows(args, dtype, rng):
     """The calls users write: eager `jfmm.fmm`, `jax.jit` of it and
     `jax.jit(jax.grad(energy))` with respect to the points, per point set
     (medians after compilation; the first call of each jitted function
     timed apart; "tree ms" the traced call's tree alone)."""
-    table = Table(f"3D Laplace under jax.jit, potential and gradient, {args.dtype}", JIT_COLUMNS)
+    kernel = kernel_of(args.kernel)
+    table = Table(f"{kernel} under jax.jit, potential and gradient, {args.dtype}", JIT_COLUMNS)
     for k in (int(v) for v in args.sizes.split(",")):
         n = 2 ** k
         for eps in floats(args.eps):
-            call = jax.jit(lambda x, q: jfmm.fmm(x, q, eps=eps, gradient=True))
-            force = jax.jit(jax.grad(lambda x, q: 0.5 * jnp.sum(q * jfmm.fmm(x, q, eps=eps))))
+            call = jax.jit(lambda x, q: jfmm.fmm(x, q, kernel=kernel, eps=eps, gradient=True))
+            force = jax.jit(jax.grad(lambda x, q: 0.5 * jnp.sum(
+                q * jfmm.fmm(x, q, kernel=kernel, eps=eps))))
             for kind in args.kinds.split(","):
                 x64, q64 = make_points(kind, n, rng), rng.random(n) - 0.5
                 x, q = jnp.asarray(x64, dtype), jnp.asarray(q64, dtype)
                 idx = sample(rng, n)
                 xr, qr = np.asarray(x, np.float64), np.asarray(q, np.float64)
-                ref, gref = reference(xr, qr, xr[idx])
+                ref, gref = radial_reference(kernel, xr, qr, xr[idx])
                 cfg = configure.choose_tree(configure.resolve_eager(
-                    x, None, jfmm.kernels.Laplace3D(), eps, None, None, None, True), x, None)
+                    x, None, kernel, eps, None, None, None, True), x, None)
                 crowd = float(crowding(x, None, cfg.depth))
                 bar = configure.crowding_bar(3, cfg.depth)
                 (phi, grad), jit_s = first_time(call, x, q)
@@ -112,8 +135,8 @@ def jit_rows(args, dtype, rng):
                 row = dict(points=kind, n=n, dtype=args.dtype, eps=eps,
                            tree=("adaptive" if bar is not None and crowd > bar else "uniform")
                            + f" ({crowd:.0f})",
-                           eager_ms=1e3 * median_time(lambda a, c: jfmm.fmm(a, c, eps=eps,
-                                                                            gradient=True),
+                           eager_ms=1e3 * median_time(lambda a, c: jfmm.fmm(
+                               a, c, kernel=kernel, eps=eps, gradient=True),
                                                       x, q, repeats=args.repeats),
                            jit_ms=1e3 * median_time(call, x, q, repeats=args.repeats),
                            jit_s=jit_s,
@@ -145,6 +168,8 @@ def main():
                          "(configure.ADAPTIVE_LEAF)")
     ap.add_argument("--jit", action="store_true", help="the calls users write: eager, "
                     "jax.jit and jax.jit(jax.grad) of jfmm.fmm (`jit_rows`)")
+    ap.add_argument("--kernel", default="laplace3d",
+                    help=f"with --jit: one of {sorted(KERNELS)}, with :parameter")
     args = ap.parse_args()
     if args.adaptive_leaf:
         configure.ADAPTIVE_LEAF = dict.fromkeys(configure.ADAPTIVE_LEAF, args.adaptive_leaf)

@@ -218,13 +218,16 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
                              f"(depth {config.depth})")
         return config
     traced = not all(concrete(x) for x in pts)
-    if traced and config.name == "chebyshev":
-        # Its order is chosen per tree (`on_tree`), which traced points lack.
+    if traced and config.name == "chebyshev" and jnp.dtype(sources.dtype) == jnp.float32:
+        # Traced points bound the gradient's error, and float32 Chebyshev
+        # gradients round beyond eps on deep leaves (`gradient_rounding`),
+        # which their unknown scale cannot rule out.
         if tree == "adaptive":
-            raise ValueError("tree='adaptive' on traced points serves the Laplace series; "
-                             "for Chebyshev kernels make an adaptive plan outside jit with "
-                             "jfmm.plan(..., tree='adaptive') and move its points inside "
-                             "with Plan.update")
+            raise ValueError("tree='adaptive' on traced float32 points serves the Laplace "
+                             "series: float32 Chebyshev gradients round beyond eps on deep "
+                             "leaves; use float64 points, or make an adaptive plan outside "
+                             "jit with jfmm.plan(..., tree='adaptive') and move its points "
+                             "inside with Plan.update")
         return config
     bar = crowding_bar(sources.shape[1], config.depth)
     if traced and tree == "auto" and (bar is None or mesh is not None):
@@ -352,7 +355,9 @@ def on_tree(config: Config, tree, kernel, sources, targets, order=None,
                                           (sources.shape[0] * n_tgt) ** 0.5, config.gradient,
                                           adaptive=True)
         return dataclasses.replace(config, order=max(p, config.order))
-    if config.name != "chebyshev":
+    if config.name != "chebyshev" or tree is None:
+        # Traced points (no tree yet): the order chosen for the worst of
+        # root boxes over 20 decades bounds the error on boxes of any size.
         return config
     kernel = known_kernel(kernel)
     if not kernel.is_concrete():

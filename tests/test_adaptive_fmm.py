@@ -191,9 +191,9 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
     uniform = traced(even, "uniform")
     assert rel(traced(crowded, "uniform"), auto_phi) > 1e-13 and rel(both[1], uniform) > 1e-13
     assert rel(traced(even, "auto"), uniform) < 1e-13
-    with pytest.raises(ValueError, match="serves the Laplace series"):
+    with pytest.raises(ValueError, match="float32 Chebyshev gradients"):
         jax.jit(lambda a: jfmm.fmm(a, q, kernel=K.InverseMultiquadric(1.0), tree="adaptive",
-                                   **opts))(crowded)
+                                   **opts))(crowded.astype(np.float32))
     with pytest.raises(ValueError, match="tree must be one of"):
         jfmm.plan(crowded, tree="octree")
     gauss = jfmm.plan(crowded, kernel=K.Gaussian(3.0), eps=1e-4, family="hermite")
@@ -322,6 +322,22 @@ def test_bounded_tree_runs_out_of_room_gracefully(rng, monkeypatch):
     ref = radial_reference(K.Laplace3D(), np.asarray(x), q, gradient=False)[0]
     phi = jax.jit(lambda a: jfmm.plan(a, eps=1e-6, leaf_size=8, tree="adaptive").apply(q))(x)
     assert rel(phi, ref) <= 1e-6
+
+
+def test_traced_chebyshev_on_bounded_trees(rng, monkeypatch):
+    """jit(fmm) of a Chebyshev kernel (float64) on clustered points: "auto"
+    takes the bounded adaptive tree at run time (its sums differ beyond
+    rounding from the uniform tree's) and is within eps of the float64
+    numpy sum."""
+    monkeypatch.setattr(adaptive, "BOUNDED_LEVELS", 4)       # fewer levels to compile
+    kernel, eps = K.InverseMultiquadric(1.0), 1e-4
+    x, q = scales(600, rng, 3, 3), charges(600, rng)
+    call = jax.jit(lambda a, tree: jfmm.fmm(a, q, kernel=kernel, eps=eps, gradient=True,
+                                            tree=tree, leaf_size=2), static_argnums=1)
+    (phi, grad), (phi_u, _) = call(x, "auto"), call(x, "uniform")       # depth 3
+    assert rel(phi, phi_u) > 1e-10
+    ref, gref = radial_reference(kernel, x, q)
+    assert rel(phi, ref) <= eps and rel(grad, gref) <= eps, (rel(phi, ref), rel(grad, gref))
 
 
 def test_grad_through_traced_adaptive_trees(rng, monkeypatch):
