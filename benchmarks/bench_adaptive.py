@@ -127,13 +127,18 @@ def jit_rows(args, dtype, rng):
                 ref, gref = radial_reference(kernel, xr, qr, xr[idx])
                 cfg = configure.choose_tree(configure.resolve_eager(
                     x, None, kernel, eps, None, None, None, True), x, None)
+                seen = []                   # the configuration traced points get
+                jax.eval_shape(lambda a: seen.append(configure.choose_tree(
+                    configure.resolve_eager(a, None, kernel, eps, None, None, None, True),
+                    a, None)) or a, x)
                 crowd = float(crowding(x, None, cfg.depth))
                 bar = configure.crowding_bar(3, cfg.depth)
                 (phi, grad), jit_s = first_time(call, x, q)
                 dx, grad_s = first_time(force, x, q)
                 tree = jax.jit(lambda a: jfmm.api._adaptive_tree(a, None, cfg.leaf))
                 row = dict(points=kind, n=n, dtype=args.dtype, eps=eps,
-                           tree=("adaptive" if bar is not None and crowd > bar else "uniform")
+                           tree=("adaptive" if seen[0].tree == "adaptive" and bar is not None
+                                 and crowd > bar else "uniform")
                            + f" ({crowd:.0f})",
                            eager_ms=1e3 * median_time(lambda a, c: jfmm.fmm(
                                a, c, kernel=kernel, eps=eps, gradient=True),
@@ -144,7 +149,7 @@ def jit_rows(args, dtype, rng):
                            grad_s=grad_s, err_phi=rel(np.asarray(phi)[idx], ref),
                            err_grad=rel(np.asarray(grad)[idx], gref),
                            err_force=rel(np.asarray(dx)[idx], qr[idx, None] * gref))
-                if cfg.tree == "adaptive":
+                if seen[0].tree == "adaptive":
                     row["build_ms"] = 1e3 * median_time(tree, x, repeats=args.repeats)
                 table.add(row)
                 table.save(args.out)

@@ -227,11 +227,14 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     remain, so no input of given shapes overflows it) and, with "auto",
     decides at run time between it and the uniform tree by the same
     crowding (both are compiled; under vmap over point sets the batch takes
-    one, the adaptive tree where any member crowds). Traced points keep the
-    uniform tree on a mesh, for Chebyshev kernels (their order is chosen
-    per built tree) and where the uniform tree is too shallow for any
-    points to crowd it: there make an adaptive plan outside jit and move
-    its points with `Plan.update`.
+    one, the adaptive tree where any member crowds). Chebyshev kernels take
+    it in float64 at the order of the worst root box (their traced order
+    on any tree, higher than a built tree's: a jitted call on 2^20 Plummer
+    points costs about twice the eager one). Traced points keep the
+    uniform tree on a mesh, for float32 Chebyshev kernels (their gradients
+    round beyond eps on deep leaves) and where the uniform tree is too
+    shallow for any points to crowd it: there make an adaptive plan
+    outside jit and move its points with `Plan.update`.
 
     Families and orders (`jfmm.configure.resolve`): spherical harmonics for
     Laplace3D, complex series for Laplace2D, the fast Gauss transform or
