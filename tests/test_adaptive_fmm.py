@@ -325,17 +325,17 @@ def test_bounded_tree_runs_out_of_room_gracefully(rng, monkeypatch):
 
 
 def test_traced_chebyshev_on_bounded_trees(rng, monkeypatch):
-    """jit(fmm) of a Chebyshev kernel (float64) on clustered points: "auto"
-    takes the bounded adaptive tree at run time (its sums differ beyond
-    rounding from the uniform tree's) and is within eps of the float64
-    numpy sum."""
+    """jit(fmm) of a Chebyshev kernel (float64, 2D: the choice is the same
+    in 3D, `CASES` has its passes) on clustered points: "auto" takes the
+    bounded adaptive tree at run time (its sums differ beyond rounding
+    from the uniform tree's) and is within eps of the float64 numpy sum."""
     monkeypatch.setattr(adaptive, "BOUNDED_LEVELS", 4)       # fewer levels to compile
-    kernel, eps = K.InverseMultiquadric(1.0), 1e-4
-    x, q = scales(600, rng, 3, 3), charges(600, rng)
+    kernel, eps = K.InverseMultiquadric(1.0), 1e-6
+    x, q = scales(600, rng, 2, 3), charges(600, rng)
     call = jax.jit(lambda a, tree: jfmm.fmm(a, q, kernel=kernel, eps=eps, gradient=True,
-                                            tree=tree, leaf_size=2), static_argnums=1)
-    (phi, grad), (phi_u, _) = call(x, "auto"), call(x, "uniform")       # depth 3
-    assert rel(phi, phi_u) > 1e-10
+                                            tree=tree, leaf_size=4), static_argnums=1)
+    (phi, grad), (phi_u, _) = call(x, "auto"), call(x, "uniform")       # depth 4
+    assert rel(phi, phi_u) > 1e-13
     ref, gref = radial_reference(kernel, x, q)
     assert rel(phi, ref) <= eps and rel(grad, gref) <= eps, (rel(phi, ref), rel(grad, gref))
 
