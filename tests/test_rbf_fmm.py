@@ -159,8 +159,10 @@ def test_estimated_order_under_jit(rng):
     worst-case rule."""
     x, q = points("sphere", 900, rng, 2), charges(900, rng)
     ref, gref = radial_reference(K.Multiquadric(3.0), x, q)
+    # The uniform tree alone: "auto" would compile the bounded adaptive one
+    # too (4.5 -> 25 s; test_traced_chebyshev_on_bounded_trees runs it).
     traced_points = jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=K.Multiquadric(3.0), eps=1e-8,
-                                                  gradient=True, leaf_size=16))
+                                                  gradient=True, leaf_size=16, tree="uniform"))
     traced_kernel = jax.jit(lambda e: jfmm.fmm(x, q, kernel=K.Multiquadric(e), eps=1e-8,
                                                gradient=True, leaf_size=16))
     for phi, grad in (traced_points(x, q), traced_kernel(3.0)):
