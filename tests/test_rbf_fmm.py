@@ -160,11 +160,10 @@ def test_estimated_order_under_jit(rng):
     x, q = points("sphere", 900, rng, 2), charges(900, rng)
     ref, gref = radial_reference(K.Multiquadric(3.0), x, q)
     # The uniform tree alone: "auto" would compile the bounded adaptive one
-    # too (4.5 -> 25 s; test_traced_chebyshev_on_bounded_trees runs it).
-    traced_points = jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=K.Multiquadric(3.0), eps=1e-8,
-                                                  gradient=True, leaf_size=16, tree="uniform"))
-    traced_kernel = jax.jit(lambda e: jfmm.fmm(x, q, kernel=K.Multiquadric(e), eps=1e-8,
-                                               gradient=True, leaf_size=16))
+    # too (4.8 -> 25 s; test_traced_chebyshev_on_bounded_trees runs it).
+    opts = dict(eps=1e-8, gradient=True, leaf_size=16, tree="uniform")
+    traced_points = jax.jit(lambda a, c: jfmm.fmm(a, c, kernel=K.Multiquadric(3.0), **opts))
+    traced_kernel = jax.jit(lambda e: jfmm.fmm(x, q, kernel=K.Multiquadric(e), **opts))
     for phi, grad in (traced_points(x, q), traced_kernel(3.0)):
         assert rel(phi, ref) <= 1e-8, rel(phi, ref)
         assert rel(grad, gref) <= 1e-7, rel(grad, gref)
