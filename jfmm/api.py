@@ -230,11 +230,11 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     one, the adaptive tree where any member crowds). Chebyshev kernels take
     it in float64 at the order of the worst root box (their traced order
     on any tree, higher than a built tree's: a jitted call on 2^20 Plummer
-    points costs about twice the eager one). Traced points keep the
-    uniform tree on a mesh, for float32 Chebyshev kernels (their gradients
-    round beyond eps on deep leaves) and where the uniform tree is too
-    shallow for any points to crowd it: there make an adaptive plan
-    outside jit and move its points with `Plan.update`.
+    points costs about twice the eager one), and so do calls on a mesh.
+    Traced points keep the uniform tree for float32 Chebyshev kernels
+    (their gradients round beyond eps on deep leaves) and where the
+    uniform tree is too shallow for any points to crowd it: there make an
+    adaptive plan outside jit and move its points with `Plan.update`.
 
     Families and orders (`jfmm.configure.resolve`): spherical harmonics for
     Laplace3D, complex series for Laplace2D, the fast Gauss transform or
@@ -305,7 +305,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
         charged = _charged(sources, targets, q, kernel, mesh, *opts[:4], tree)
     config = _configure.resolve_eager(sources, targets, kernel, *opts,     # remembered
                                       charged=charged)
-    config = _configure.choose_tree(config, sources, targets, tree, order, mesh)
+    config = _configure.choose_tree(config, sources, targets, tree, order)
     config = _configure.on_uniform(config, kernel, sources, targets, order,
                                    leaf_size).with_mesh(mesh)
     if all(_configure.concrete(x) for x in (sources, targets) if x is not None):
@@ -711,7 +711,7 @@ def _plan(sources, targets, kernel, eps, leaf_size, order, family, gradient, tre
                            tree)
     config = _configure.resolve_eager(sources, targets, kernel, eps, leaf_size, order, family,
                                       gradient, tree, charged)
-    config = _configure.choose_tree(config, sources, targets, tree, order, mesh)
+    config = _configure.choose_tree(config, sources, targets, tree, order)
     if fixed:
         config = _configure.on_uniform(config, kernel, sources, targets, order, leaf_size)
     return _new_plan(sources, targets, kernel, config.with_mesh(mesh), order, charged)

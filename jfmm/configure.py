@@ -190,8 +190,7 @@ def _check_tree(tree) -> str:
     return tree
 
 
-def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None,
-                mesh=None) -> Config:
+def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None) -> Config:
     """The configuration on the tree `tree` asks for ("auto": adaptive
     where the points crowd the uniform tree, `crowding_bar`). Only the series
     and Chebyshev families with far fields run on adaptive trees (the fast
@@ -201,8 +200,8 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
     `chebyshev.gradient_rounding`). Traced points get a tree of bounded
     capacities (`jfmm.api`), "auto" with the uniform configuration as its
     fallback, taken at run time where the points do not crowd (`crowded`),
-    except where they cannot (a tree this shallow) or on a mesh (`mesh`);
-    Chebyshev kernels keep the uniform tree there. order: the caller's."""
+    except where they cannot (a tree this shallow); float32 Chebyshev
+    kernels keep the uniform tree there. order: the caller's."""
     tree = _check_tree(tree)
     pts = [sources] + ([] if targets is None else [targets])
     fits = (config.family is not None and config.family.SCHEME == "tree"
@@ -230,9 +229,9 @@ def choose_tree(config: Config, sources, targets, tree: str = "auto", order=None
                              "inside with Plan.update")
         return config
     bar = crowding_bar(sources.shape[1], config.depth)
-    if traced and tree == "auto" and (bar is None or mesh is not None):
+    if traced and tree == "auto" and bar is None:
         # A tree this shallow keeps the uniform tree whatever the points, so
-        # only it is compiled; on a mesh traced points keep it as well.
+        # only it is compiled.
         return config
     if traced:
         # A tree of bounded capacities (`adaptive.bounded_capacities`), which

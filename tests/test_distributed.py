@@ -8,8 +8,10 @@ from conftest import charges, points, radial_reference, reference, rel
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import jfmm
+from jfmm import configure
 from jfmm import kernels as K
 from jfmm.ops import backend
+from jfmm.tree import adaptive
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 host devices "
                                 "(conftest sets --xla_force_host_platform_device_count=4)")
@@ -159,17 +161,32 @@ def test_grad_and_vmap(rng):
         assert rel(got, reference(p, qs[0])[0]) < 1e-6
 
 
-def test_jit_update_and_placement(rng):
-    """Traced points inside jit, a plan moved with `update` under jit, and
-    inputs sharded over a mesh of Explicit axes (jax.make_mesh's default):
-    results split over the devices."""
+def test_jit_update_and_placement(rng, monkeypatch):
+    """Traced points inside jit (the bounded adaptive tree where they crowd
+    the uniform one, chosen at run time), a plan moved with `update` under
+    jit, and inputs sharded over a mesh of Explicit axes (jax.make_mesh's
+    default): results split over the devices."""
     n = 2400
     mesh = mesh_of(4)
     x, q = points("sphere", n, rng), charges(n, rng)
-    f = jax.jit(lambda x, q: jfmm.fmm(x, q, eps=1e-6, mesh=mesh, leaf_size=16))
-    phi = f(x, q)
-    assert rel(phi, reference(x, q)[0]) < 1e-6
-    assert phi.sharding.spec == PartitionSpec("x")
+    taken, crowded = [], configure.crowded
+
+    def spy(*args):                     # the run-time choice of tree
+        flag = crowded(*args)
+        jax.debug.callback(taken.append, flag)
+        return flag
+
+    monkeypatch.setattr(configure, "crowded", spy)
+    monkeypatch.setattr(adaptive, "BOUNDED_LEVELS", 4)       # fewer levels to compile
+    f = jax.jit(lambda x, q: jfmm.fmm(x, q, eps=1e-6, mesh=mesh, leaf_size=4))    # depth 3
+    for kind, crowds in (("sphere", False), ("cluster", True)):
+        x = points(kind, n, rng)
+        taken.clear()
+        phi = f(x, q)
+        jax.effects_barrier()
+        assert rel(phi, reference(x, q)[0]) < 1e-6, kind
+        assert phi.sharding.spec == PartitionSpec("x")
+        assert taken and all(bool(t) == crowds for t in taken), (kind, taken)
     pl = jfmm.plan(x, eps=1e-6, mesh=mesh, leaf_size=16)
     x2 = points("cube", n, rng)
     moved = jax.jit(lambda p, x, q: p.update(x).apply(q))(pl, x2, q)
