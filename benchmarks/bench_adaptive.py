@@ -133,13 +133,12 @@ def jit_rows(args, dtype, rng):
                     a, None)) or a, x)
                 crowd = float(crowding(x, None, cfg.depth))
                 bar = configure.crowding_bar(3, cfg.depth)
+                takes = seen[0].tree == "adaptive" and bar is not None and crowd > bar
                 (phi, grad), jit_s = first_time(call, x, q)
                 dx, grad_s = first_time(force, x, q)
-                tree = jax.jit(lambda a: jfmm.api._adaptive_tree(a, None, cfg.leaf))
+                tree = jax.jit(lambda a: jfmm.api._adaptive_tree(a, None, seen[0].leaf))
                 row = dict(points=kind, n=n, dtype=args.dtype, eps=eps,
-                           tree=("adaptive" if seen[0].tree == "adaptive" and bar is not None
-                                 and crowd > bar else "uniform")
-                           + f" ({crowd:.0f})",
+                           tree=("adaptive" if takes else "uniform") + f" ({crowd:.0f})",
                            eager_ms=1e3 * median_time(lambda a, c: jfmm.fmm(
                                a, c, kernel=kernel, eps=eps, gradient=True),
                                                       x, q, repeats=args.repeats),
@@ -149,7 +148,7 @@ def jit_rows(args, dtype, rng):
                            grad_s=grad_s, err_phi=rel(np.asarray(phi)[idx], ref),
                            err_grad=rel(np.asarray(grad)[idx], gref),
                            err_force=rel(np.asarray(dx)[idx], qr[idx, None] * gref))
-                if seen[0].tree == "adaptive":
+                if takes:
                     row["build_ms"] = 1e3 * median_time(tree, x, repeats=args.repeats)
                 table.add(row)
                 table.save(args.out)

@@ -11,8 +11,9 @@ spent compiling beside it), a second constructor on new data of the same
 size, an eager refit, evaluation at 10^4 and 10^6 new points (first call
 of the size and warm), the iterations, the RMS error at the 10^4 points
 and the peak device memory (of the first constructor, and of the whole
-process, whose second constructor and stages hold two fits at once); with --second-process each case runs again in
-a new process sharing the first one's persistent compilation cache.
+process, whose second constructor and stages hold two fits at once);
+with --second-process each case runs again in a new process sharing the
+first one's persistent compilation cache.
 
 Per (kernel, N): the set-up (host geometry of the preconditioner and the
 FMM plans), the first fit (compilation included), then the median of
