@@ -178,13 +178,14 @@ def test_jit_update_and_placement(rng, monkeypatch):
 
     monkeypatch.setattr(configure, "crowded", spy)
     monkeypatch.setattr(adaptive, "BOUNDED_LEVELS", 4)       # fewer levels to compile
-    f = jax.jit(lambda x, q: jfmm.fmm(x, q, eps=1e-6, mesh=mesh, leaf_size=4))    # depth 3
+    # depth 3; eps 1e-4, whose lower order compiles in half the time
+    f = jax.jit(lambda x, q: jfmm.fmm(x, q, eps=1e-4, mesh=mesh, leaf_size=4))
     for kind, crowds in (("sphere", False), ("cluster", True)):
         x = points(kind, n, rng)
         taken.clear()
         phi = f(x, q)
         jax.effects_barrier()
-        assert rel(phi, reference(x, q)[0]) < 1e-6, kind
+        assert rel(phi, reference(x, q)[0]) < 1e-4, kind
         assert phi.sharding.spec == PartitionSpec("x")
         assert taken and all(bool(t) == crowds for t in taken), (kind, taken)
     pl = jfmm.plan(x, eps=1e-6, mesh=mesh, leaf_size=16)
