@@ -197,7 +197,7 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     with gradient (the forward one and its adjoint, the FMM with sources and
     targets swapped, at the forward call's order: where sources and targets
     are spread very differently its error may exceed eps, measured up to
-    2.5 eps on an adaptive tree of clustered sources and targets on a
+    3.1 eps on an adaptive tree of clustered sources and targets on a
     sphere), memory O(N + M); vmap over charges is one call with
     more charge columns; jax.jvp, jacfwd, Hessian-vector products and reverse
     mode through gradient=True outputs differentiate the approximation:
