@@ -76,10 +76,10 @@ def _fmm_eval(sources, charges, targets, kernel, check, config, gradient, mode):
                                 gradient=gradient, mode=mode)
         fits = (_configure.crowded(config, sources, targets) if config.tree == "adaptive"
                 else _configure.series_fit(config, kernel, sources, targets))
-        # A Chebyshev fallback has the same order, so the same check.
-        other = check if config.name == "chebyshev" else None
+        # Only Chebyshev configurations have checks, and their fallback (the
+        # uniform tree's) has the same order: the same check serves both.
         return jax.lax.cond(fits, lambda: run(check, dataclasses.replace(config, fallback=None)),
-                            lambda: run(other, config.fallback))
+                            lambda: run(check, config.fallback))
     if config.tree == "adaptive":
         tree = _adaptive_tree(sources, targets, config.leaf)
     else:
