@@ -83,9 +83,18 @@ def _fmm_eval(sources, charges, targets, kernel, check, config, gradient, mode):
     if config.tree == "adaptive":
         tree = _adaptive_tree(sources, targets, config.leaf)
     else:
-        tree = _tree.build(sources, targets, config.depth)
+        tree = _uniform_tree(sources, targets, config.depth, config.mesh)
     return _bind(tree, config.operators(tree.dim, sources.dtype), kernel, charges, config, check,
                  gradient, mode)
+
+
+def _uniform_tree(sources, targets, depth: int, mesh=None):
+    """The uniform tree, built over the mesh's devices (each holding its
+    share of the points, `distributed.build`) where the point counts
+    divide over it."""
+    if mesh is not None and _distributed.splits(mesh, sources, targets):
+        return _distributed.build(sources, targets, depth, mesh)
+    return _tree.build(sources, targets, depth)
 
 
 def _adaptive_tree(sources, targets, leaf: int, build=_adaptive.build):
@@ -559,7 +568,7 @@ class Plan:
         if isinstance(self.tree, _adaptive.AdaptiveTree):
             tree = _adaptive_jit(sources, targets, self.tree.leaf_size, self.tree.caps)
         else:
-            tree = _build_jit(sources, targets, self.tree.depth)
+            tree = _build_jit(sources, targets, self.tree.depth, self.config.mesh)
         return dataclasses.replace(self, tree=tree)
 
 
@@ -618,7 +627,7 @@ def _apply(plan_, charges, gradient, mode):
 
 
 _apply_jits = backend.jits(_apply, ("gradient", "mode"))
-_build_jit = _xla.once(_tree.build, static_argnames=("depth",))
+_build_jit = _xla.once(_uniform_tree, static_argnames=("depth", "mesh"))
 _adaptive_jit = _adaptive.build_jit
 
 
@@ -664,7 +673,7 @@ def _new_plan(sources, targets, kernel, config: Config, order=None, charged=None
         tree = _adaptive.plan_tree(sources, targets, config.leaf)
         config = _configure.on_tree(config, tree, kernel, sources, targets, order, charged)
     else:
-        tree = _build_jit(sources, targets, config.depth)
+        tree = _build_jit(sources, targets, config.depth, config.mesh)
     return Plan(tree, kernel, config.operators(sources.shape[1], sources.dtype), config.static,
                 config.check_arrays, _extent(config, kernel, tree))
 

@@ -1,44 +1,58 @@
 """The FMM sum sharded over the devices of a one-axis mesh (`jax.shard_map`).
 
-The tree is the tree of one device (the uniform tree built by XLA's
-partitioner on sharded points, or an adaptive plan's), so the
-configuration, the order and the error are the single-device ones; the
-work is split, while every device holds all the points and the whole
-tree's expansions. The tree's sorted points are cut into D equal
-contiguous ranges, one per device (Morton ranges balanced by point count).
-Each device then, per call:
+The configuration, the order and the error are the single-device ones;
+the work and the points are split. The tree's sorted points are cut into
+D equal contiguous ranges, one per device (Morton ranges balanced by
+point count). On the uniform tree each device holds only its range of
+the points and charges, its block of the caller's points and of the
+results, and the tree's leaf table and expansions (O(N / D + leaves)):
 
-    near field  all-gathers the sorted sources and charges, and sums the
-                near neighbours of its own targets
+    build       `build`: the root box by a min and max over the mesh, the
+                leaf counts summed over it, and each point's place in the
+                sorted order from them; the points pass round the ring of
+                devices and each keeps those of its range (the same tree
+                as `jfmm.tree.build`, array for array). Point counts that
+                do not divide over the mesh take `jfmm.tree.build` under
+                XLA's partitioner instead, which gathers the points.
+    charges     to the sorted order, passing round the ring (`_ring`)
+    near field  the sorted sources and charges pass round the ring; each
+                device sums each block's near neighbours of its targets
     upward      P2M of its own sources into the leaf grid, one psum over
                 the mesh (a leaf cut by a range boundary gets both parts),
                 then M2M up on every device (the same on each, and cheap)
     downward    M2L of 1/D of every level's boxes (equal Morton windows of
                 the dense grid, whose M2L costs the same per box),
                 all-gathered level by level, then L2L down on every device
-    evaluate    L2P at its own targets
+    evaluate    L2P at its own targets; the results pass round the ring to
+                the caller's order (`unsort` likewise for the tangents of
+                moved points)
 
-The fast Gauss transform sums its moments the same way and then runs its
-grid translation on every device. On an adaptive tree (`jfmm.tree.adaptive`,
-whose points are sorted by leaf) the near field over the U lists, P2M and
-L2P are split the same way, and the M2L of each level's blocks and the W
-and X work lists (M2P, P2L) in equal windows, whose partial sums are
-reduced over the mesh; M2M and L2L run whole on every device. Collectives
-are XLA's (NCCL on GPUs): the same program runs over the GPUs of one host
-and, after `jax.distributed.initialize()`, over many hosts.
+A ring step sends one block to the next device (`lax.ppermute`), so a
+device holds two blocks at a time, never all N points. The fast Gauss
+transform sums its moments the same way and then runs its grid
+translation on every device. On an adaptive tree (`jfmm.tree.adaptive`,
+whose points are sorted by leaf; every device holds all of them) the near
+field over the U lists, P2M and L2P are split the same way, and the M2L
+of each level's blocks and the W and X work lists (M2P, P2L) in equal
+windows, whose partial sums are reduced over the mesh; M2M and L2L run
+whole on every device. Collectives are XLA's (NCCL on GPUs): the same
+program runs over the GPUs of one host and, after
+`jax.distributed.initialize()`, over many hosts.
 
 Bytes received per device and call on the uniform tree, D devices, N
 sources, K charge columns, leaf grid of B boxes with P coefficients (E
-after the family's M2L basis), s bytes a value: (D-1)/D [N (d + K) +
-2 B K P + 8/7 B K E] s (the all-gather of the points, a ring all-reduce of
-the leaf multipoles, the all-gathers of the locals); an adaptive tree adds
-its targets' coordinates, the all-reduce of the X lists' locals and the
-reduce-scatter of the W lists' sums, with B its box count (8/7 is
-2^d / (2^d - 1) in 3D: the levels above the leaves). This is O(N)
-per device, not O(N / D): it suits one host's links, where it is a few
-percent of the work (docs/BENCHMARKS.md, "Several GPUs"); a locally
-essential tree, which exchanges only the halo and the coarse levels, would
-scale it to many hosts.
+after the family's M2L basis), s bytes a value: about (D-1)/D [N (d + 2K)
++ M K (1 + d) + 2 B K P + 8/7 B K E] s (the charges to the sorted order,
+the sources and charges round the ring, the results back, a ring
+all-reduce of the leaf multipoles, the all-gathers of the locals); an
+adaptive tree adds its targets' coordinates, the all-reduce of the X
+lists' locals and the reduce-scatter of the W lists' sums, with B its box
+count (8/7 is 2^d / (2^d - 1) in 3D: the levels above the leaves). The
+memory per device is O(N / D); the bytes are O(N) per device, not O(N /
+D): they suit one host's links, where they are a few percent of the work
+(docs/BENCHMARKS.md, "Several GPUs"); a locally essential tree, which
+exchanges only the halo of neighbour leaves and the coarse levels, would
+scale them to many hosts.
 """
 from __future__ import annotations
 
@@ -52,7 +66,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jfmm import passes
 from jfmm._compat import Tracer
 from jfmm.ops import backend
-from jfmm.tree import Tree, adaptive, lists, tiles
+from jfmm.tree import Tree, adaptive, lists, tiles, uniform
 
 
 def check_mesh(mesh) -> Mesh:
@@ -119,9 +133,241 @@ def _pad(x, n_dev: int, edge: bool):
     return jnp.concatenate([x, fill])
 
 
+def build(sources, targets, depth: int, mesh: Mesh) -> Tree:
+    """`jfmm.tree.build` over the devices of `mesh` from points split over
+    it in equal row blocks (N and M multiples of the device count; jit-able,
+    depth static): the same tree, array for array, its per-point arrays
+    split the same way and its leaf table whole on every device, while no
+    device holds more than two blocks of points.
+
+    A point's place in the sorted order is its leaf's start (the leaf
+    counts summed over the mesh), plus the points of its leaf on the
+    devices before its own (the caller's order breaks ties, as the stable
+    sort of one device does), plus its rank among its device's points of
+    that leaf; the points then pass round the ring of devices (`_ring`)
+    and each device keeps those of its block of the order.
+    """
+    axis, n_dev = mesh.axis_names[0], mesh.devices.size
+    sets = (sources,) if targets is None else (sources, targets)
+    rows, whole = PartitionSpec(axis), PartitionSpec()
+    body = functools.partial(_build_shard, depth=depth, axis=axis, n_dev=n_dev)
+    out = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * len(sets),
+                        out_specs=(whole, whole, whole) + ((rows, rows, whole, rows),) * len(sets),
+                        check_vma=False)(*sets)
+    lo, side, finite, src = out[:4]
+    tgt = src if targets is None else out[4]
+    return Tree(lo, side, *src, *tgt, finite, depth=depth, dim=sources.shape[1],
+                shared=targets is None)
+
+
+def splits(mesh: Mesh, sources, targets) -> bool:
+    """Whether `build` takes these points: their counts divide over the mesh."""
+    n_dev = mesh.devices.size
+    return all(x.shape[0] % n_dev == 0 for x in (sources, targets) if x is not None)
+
+
+def _build_shard(*sets, depth: int, axis: str, n_dev: int):
+    """One device's part of `build`: the root box and finiteness (whole),
+    then each point set's block of (perm, sorted, start, leaf)."""
+    # The root box's tangents are not used (`jfmm.primitive`), and pmin has no rule.
+    lo, hi = zip(*(uniform.bounds(jax.lax.stop_gradient(x)) for x in sets))
+    lo = jax.lax.pmin(functools.reduce(jnp.minimum, lo), axis)
+    hi = jax.lax.pmax(functools.reduce(jnp.maximum, hi), axis)
+    lo, side = uniform.box_of(lo, hi)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in sets]))
+    finite = jax.lax.pmin(finite.astype(jnp.int32), axis).astype(bool)
+    return (lo, side, finite) + tuple(_sort_shard(x, lo, side, depth, axis, n_dev)
+                                      for x in sets)
+
+
+def _sort_shard(points, lo, side, depth: int, axis: str, n_dev: int):
+    """This device's block of `uniform._sort` of points split over the mesh
+    in equal row blocks (points: its block): perm (global indices), sorted
+    points and leaves of its block of the sorted order, and start whole."""
+    nb, d = points.shape
+    n, me = nb * n_dev, jax.lax.axis_index(axis)
+    if depth == 0:
+        zero, count = jnp.zeros(1, jnp.int32), jnp.full(2, n, jnp.int32)
+        return (me * nb + jnp.arange(nb, dtype=jnp.int32), points,
+                jnp.concatenate([zero, count]), jnp.zeros(nb, jnp.int32))
+    keys = uniform.leaf_keys(points, lo, side, depth)
+    order = jnp.argsort(keys, stable=True).astype(jnp.int32)
+    keys = keys[order]
+    own = jnp.zeros(2 ** (d * depth), jnp.int32).at[keys].add(1, indices_are_sorted=True)
+    count = jnp.cumsum(jax.lax.psum(own, axis), dtype=jnp.int32)
+    start = jnp.concatenate([jnp.zeros(1, jnp.int32), count, jnp.full(1, n, jnp.int32)])
+    before = _ring(lambda acc, c, origin: acc + jnp.where(origin < me, c, 0),
+                   jnp.zeros_like(own), own, axis, n_dev)
+    first = jnp.cumsum(own, dtype=jnp.int32) - own          # this device's start of each leaf
+    rank = start[keys] + before[keys] + jnp.arange(nb, dtype=jnp.int32) - first[keys]
+
+    def keep(acc, block, origin):
+        *values, rank = block
+        slot = _slots(rank, nb, me)
+        return tuple(a.at[slot].set(v, mode="drop", unique_indices=True)
+                     for a, v in zip(acc, values))
+
+    mine = (points[order], keys, me * nb + order)
+    placed, leaf, perm = _ring(keep, tuple(jnp.zeros_like(v) for v in mine), mine + (rank,),
+                               axis, n_dev)
+    return perm, placed, start, leaf
+
+
+def _ring(visit, carry, block, axis: str, n_dev: int, rolled: bool = False):
+    """carry after visit(carry, block, origin) of every device's block
+    (pytree), its own first, each block passed one step round the ring of
+    devices between visits (D - 1 sends of one block, `lax.ppermute`): a
+    device holds two blocks at once, never all of them. rolled: one traced
+    visit in a fori_loop (for heavy visits), at the cost of a last, spare
+    send."""
+    me = jax.lax.axis_index(axis)
+    step = [(i, (i + 1) % n_dev) for i in range(n_dev)]
+
+    def send(block):
+        return jax.tree_util.tree_map(lambda x: jax.lax.ppermute(x, axis, step), block)
+
+    if rolled:
+        def body(k, state):
+            carry, block = state
+            return visit(carry, block, (me - k) % n_dev), send(block)
+        return jax.lax.fori_loop(0, n_dev, body, (carry, block))[0]
+    for k in range(n_dev):
+        carry = visit(carry, block, (me - k) % n_dev)
+        if k < n_dev - 1:
+            block = send(block)
+    return carry
+
+
+def _slots(index, rows: int, me):
+    """Rows of device me's block for global indices (index // rows == me),
+    and distinct rows past the block for the others (dropped by a scatter
+    whose indices stay unique, so that it transposes)."""
+    past = rows + jnp.arange(index.shape[0], dtype=index.dtype)
+    return jnp.where(index // rows == me, index % rows, past)
+
+
+def _from_callers(values, perm, axis: str, n_dev: int):
+    """values[perm] for this device's rows perm (global indices) of values
+    split over the mesh in row blocks (values: its block)."""
+    nb = values.shape[0]
+
+    def take(acc, block, origin):
+        here = (perm // nb == origin).reshape(perm.shape + (1,) * (values.ndim - 1))
+        return jnp.where(here, block[perm % nb], acc)
+
+    return _ring(take, jnp.zeros(perm.shape + values.shape[1:], values.dtype), values, axis,
+                 n_dev)
+
+
+def _to_callers(values, perm, axis: str, n_dev: int):
+    """The arrays `values` (rows of this device's block) placed at rows
+    perm (global indices) of arrays split over the mesh in blocks of as
+    many rows: this device's block of each."""
+    mb, me = perm.shape[0], jax.lax.axis_index(axis)
+
+    def place(acc, block, origin):
+        *values, perm = block
+        slot = _slots(perm, mb, me)
+        return tuple(a.at[slot].set(v, mode="drop", unique_indices=True)
+                     for a, v in zip(acc, values))
+
+    return _ring(place, tuple(jnp.zeros_like(v) for v in values), tuple(values) + (perm,),
+                 axis, n_dev)
+
+
+def unsort(values, perm, mesh: Mesh):
+    """values (N, ...) in a tree's sorted order -> the caller's order (row i
+    to row perm[i]), passed round the ring of `mesh` (`_to_callers`)."""
+    axis, n_dev = mesh.axis_names[0], mesh.devices.size
+    rows = PartitionSpec(axis)
+    body = lambda v, p: _to_callers((v,), p, axis, n_dev)[0]        # noqa: E731
+    out = jax.shard_map(body, mesh=mesh, in_specs=(rows, rows), out_specs=rows, check_vma=False)(
+        sharded(_pad(values, n_dev, False), mesh), sharded(_pad_perm(perm, n_dev), mesh))
+    return out[:perm.shape[0]]
+
+
+def _pad_perm(perm, n_dev: int):
+    """A permutation padded to a multiple of n_dev rows with the indices
+    after its own (the padded rows map to each other)."""
+    pad = -perm.shape[0] % n_dev
+    return jnp.concatenate([perm, perm.shape[0] + jnp.arange(pad, dtype=perm.dtype)])
+
+
 def evaluate(tree: Tree, charges, kernel, config, ops, gradient: bool, mode: str = "jnp"):
     """`jfmm.passes.evaluate` over `config.mesh`: phi (M, K) and grad
     (M, K, d) or None at the targets, caller's order (same arguments)."""
+    mesh = config.mesh
+    axis = mesh.axis_names[0]
+    n_dev = mesh.devices.size
+    if isinstance(tree, adaptive.AdaptiveTree):
+        return _adaptive_evaluate(tree, charges, kernel, config, ops, gradient, mode)
+    m = tree.tgt_sorted.shape[0]
+    local = (_pad(tree.src_sorted, n_dev, True), _pad_perm(tree.src_perm, n_dev),
+             _pad(tree.src_leaf, n_dev, True), _pad(tree.tgt_sorted, n_dev, True),
+             _pad_perm(tree.tgt_perm, n_dev), _pad(tree.tgt_leaf, n_dev, True),
+             _pad(charges, n_dev, False))
+    local = [sharded(x, mesh) for x in local]
+    operators = jax.tree_util.tree_map(jnp.asarray, (ops, kernel))
+    body = functools.partial(_shard, config=config, depth=tree.depth, dim=tree.dim, axis=axis,
+                             n_dev=n_dev, gradient=gradient, mode=mode)
+    rows, whole = PartitionSpec(axis), PartitionSpec()
+    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * 7 + (whole,) * 5,
+                         out_specs=(rows, rows) if gradient else (rows,),
+                         check_vma=False)(*local, tree.src_start, tree.tgt_start, tree.lo,
+                                          tree.side, operators)
+    return passes.valid(tree, outs[0][:m], outs[1][:m] if gradient else None, config)
+
+
+def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tgt_start, lo, side,
+           operators, *, config, depth: int, dim: int, axis: str, n_dev: int, gradient: bool,
+           mode: str):
+    """One device's part on a uniform tree: phi (m, K) and grad (m, K, d) at
+    its block of the caller's targets, from its blocks of the sorted
+    sources and targets and of the caller's charges. The charges come to
+    the sorted order, the sorted sources pass round the ring for the near
+    field, and the results go back to the caller's order, each by `_ring`."""
+    ops, kernel = operators
+    me = jax.lax.axis_index(axis)
+    nb, mb = src.shape[0], tgt.shape[0]
+    q = _from_callers(q_in, src_perm, axis, n_dev)
+    # This device's rows of each leaf: the global ranges shifted and clipped.
+    mine = Tree(lo, side, None, src, jnp.clip(src_start - me * nb, 0, nb), src_leaf, None, tgt,
+                jnp.clip(tgt_start - me * mb, 0, mb), tgt_leaf, jnp.ones((), bool),
+                depth=depth, dim=dim)
+    family, p = config.family, config.order
+    combine = functools.partial(jax.lax.psum, axis_name=axis)
+    if family is not None and family.SCHEME == "grid":
+        phi, grad = passes.gauss_transform(mine, q, kernel, family, p, gradient, mode,
+                                           combine=combine)
+        return _to_callers((phi, grad) if gradient else (phi,), tgt_perm, axis, n_dev)
+
+    def pairs(origin, src, q):
+        """The near field (all pairs at depth 0) of the sorted sources of
+        device origin's block at this device's targets."""
+        if depth == 0:
+            return backend.dense(kernel, tgt, src, q, gradient, mode)
+        return backend.near_field(kernel, tgt, mine.tgt_start, src, q,
+                                  jnp.clip(src_start - origin * nb, 0, nb),
+                                  lists.neighbors(depth, dim), gradient, mode)
+
+    def visit(acc, block, origin):
+        out = pairs(origin, *block)
+        return tuple(a + o for a, o in zip(acc, out) if a is not None)
+
+    shapes = jax.eval_shape(pairs, me, src, q)
+    zeros = tuple(jnp.zeros(s.shape, s.dtype) for s in shapes if s is not None)
+    out = _ring(visit, zeros, (src, q), axis, n_dev, rolled=True)
+    if family is not None and depth >= 2:
+        mult = passes.upward(mine, q, family, ops, p, mode, combine=combine)
+        window = functools.partial(_window_m2l, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
+        loc = passes.downward(mine, mult, family, ops, kernel, p, mode, m2l=window)
+        far = passes.leaf_l2p(mine, loc, family, p, gradient, mode)
+        out = tuple(a + f for a, f in zip(out, far) if f is not None)
+    return _to_callers(out, tgt_perm, axis, n_dev)
+
+
+def _adaptive_evaluate(tree, charges, kernel, config, ops, gradient: bool, mode: str):
+    """`evaluate` on an adaptive tree, whole on every device (`_adaptive_shard`)."""
     mesh = config.mesh
     axis = mesh.axis_names[0]
     n_dev = mesh.devices.size
@@ -131,57 +377,15 @@ def evaluate(tree: Tree, charges, kernel, config, ops, gradient: bool, mode: str
              _pad(tree.src_leaf, n_dev, True), _pad(tree.tgt_sorted, n_dev, True),
              _pad(tree.tgt_leaf, n_dev, True))
     local = [sharded(x, mesh) for x in local]
-    # Operators and kernel parameters enter as inputs, whole on every device.
     operators = jax.tree_util.tree_map(jnp.asarray, (ops, kernel))
-    static = dict(config=config, n=n, depth=tree.depth, dim=tree.dim, axis=axis, n_dev=n_dev,
-                  gradient=gradient, mode=mode)
-    if isinstance(tree, adaptive.AdaptiveTree):
-        body = functools.partial(_adaptive_shard, **static)
-        shared = (tree, operators)
-    else:
-        body = functools.partial(_shard, **static)
-        shared = (tree.src_start, tree.tgt_start, tree.lo, tree.side, operators)
+    body = functools.partial(_adaptive_shard, config=config, n=n, depth=tree.depth,
+                             dim=tree.dim, axis=axis, n_dev=n_dev, gradient=gradient, mode=mode)
     rows, whole = PartitionSpec(axis), PartitionSpec()
-    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * 5 + (whole,) * len(shared),
+    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * 5 + (whole,) * 2,
                          out_specs=(rows, rows) if gradient else (rows,),
-                         check_vma=False)(*local, *shared)
+                         check_vma=False)(*local, tree, operators)
     phi, grad = outs[0][:m], (outs[1][:m] if gradient else None)
     return passes.caller_order(tree, phi, grad, gradient, config)
-
-
-def _shard(src, q, src_leaf, tgt, tgt_leaf, src_start, tgt_start, lo, side, operators, *,
-           config, n: int, depth: int, dim: int, axis: str, n_dev: int, gradient: bool,
-           mode: str):
-    """One device's part: phi (m, K) and grad (m, K, d) at its m sorted
-    targets, from its n / D sorted sources and the collectives."""
-    ops, kernel = operators
-    me = jax.lax.axis_index(axis)
-    first_src, first_tgt = me * src.shape[0], me * tgt.shape[0]
-    # This device's rows of each leaf: the global ranges shifted and clipped.
-    mine = Tree(lo, side, None, src, jnp.clip(src_start - first_src, 0, src.shape[0]),
-                src_leaf, None, tgt, jnp.clip(tgt_start - first_tgt, 0, tgt.shape[0]),
-                tgt_leaf, jnp.ones((), bool), depth=depth, dim=dim)
-    gather = functools.partial(jax.lax.all_gather, axis_name=axis, tiled=True)
-    src_all, q_all = gather(src)[:n], gather(q)[:n]
-    family, p = config.family, config.order
-    if family is not None and family.SCHEME == "grid":
-        combine = functools.partial(jax.lax.psum, axis_name=axis)
-        return _outputs(passes.gauss_transform(mine, q, kernel, family, p, gradient, mode,
-                                               combine=combine), gradient)
-    if depth == 0:
-        return _outputs(backend.dense(kernel, tgt, src_all, q_all, gradient, mode), gradient)
-    near = lists.neighbors(depth, dim)
-    phi, grad = backend.near_field(kernel, mine.tgt_sorted, mine.tgt_start, src_all, q_all,
-                                   src_start, near, gradient, mode)
-    if family is not None and depth >= 2:
-        combine = functools.partial(jax.lax.psum, axis_name=axis)
-        mult = passes.upward(mine, q, family, ops, p, mode, combine=combine)
-        window = functools.partial(_window_m2l, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
-        loc = passes.downward(mine, mult, family, ops, kernel, p, mode, m2l=window)
-        fphi, fgrad = passes.leaf_l2p(mine, loc, family, p, gradient, mode)
-        phi = phi + fphi
-        grad = grad + fgrad if gradient else None
-    return _outputs((phi, grad), gradient)
 
 
 def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config, n: int,

@@ -441,18 +441,20 @@ def _adaptive_far(tree: adaptive.AdaptiveTree, mult, loc, family, kernel, p: int
 
 
 def caller_order(tree, phi, grad, gradient: bool, config: Config | None = None):
-    """Results in Morton order -> the caller's target order, NaN where the
-    tree holds non-finite coordinates, (adaptive) overflowed its
-    capacities, or (a uniform tree with a far field, `config.reach`) has
-    leaves smaller than the distance within which the kernel is not the
-    family's."""
+    """Results in Morton order -> the caller's target order, NaN where
+    `results_ok` is false."""
     inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(
         jnp.arange(tree.tgt_perm.shape[0], dtype=tree.tgt_perm.dtype))
+    return valid(tree, phi[inv], grad[inv] if gradient else grad, config)
+
+
+def valid(tree, phi, grad, config: Config | None = None):
+    """phi and grad (or None), NaN where the tree holds non-finite
+    coordinates, (adaptive) overflowed its capacities, or (a uniform tree
+    with a far field, `config.reach`) has leaves smaller than the distance
+    within which the kernel is not the family's."""
     nan = jnp.asarray(jnp.nan, phi.dtype)
     ok = tree.finite & ~getattr(tree, "overflow", False)
     if config is not None and config.reach and config.family is not None and tree.depth >= 2:
         ok = ok & (tree.box_side(tree.depth) >= config.reach)
-    phi = jnp.where(ok, phi[inv], nan)
-    if gradient:
-        grad = jnp.where(ok, grad[inv], nan)
-    return phi, grad
+    return jnp.where(ok, phi, nan), None if grad is None else jnp.where(ok, grad, nan)

@@ -230,9 +230,12 @@ mlir.register_lowering(sum_p, mlir.lower_fun(_impl, multiple_results=True))
 
 # ------------------------------------------------------------------ jvp
 
-def _unsort(sorted_vals, perm):
-    """Undo a Morton sort along the point axis (axis -2), batch axes first."""
+def _unsort(sorted_vals, perm, mesh=None):
+    """Undo a Morton sort along the point axis (axis -2), batch axes first;
+    on a mesh, by `distributed.unsort` (no device gathers every point)."""
     def one(v, pr):
+        if mesh is not None:
+            return distributed.unsort(v, pr, mesh)
         return jnp.zeros_like(v).at[pr].set(v, unique_indices=True)
     f = one
     for _ in range(perm.ndim - 1):
@@ -267,7 +270,7 @@ def _jvp(primals, tangents, *, spec: Spec):
 
     tw = {a: dw for a, dw in dws.items() if not _zero(dw)}
     if not _zero(dsrc):
-        dx = _unsort(dsrc, tree.src_perm)                 # (*b, N, d)
+        dx = _unsort(dsrc, tree.src_perm, spec.config.mesh)               # (*b, N, d)
         for a, w in ws.items():
             lift = -w[..., None] * dx.reshape(dx.shape[:-1] + (1,) * (1 + a) + dx.shape[-1:])
             tw[a + 1] = tw[a + 1] + lift if a + 1 in tw else lift
@@ -281,7 +284,7 @@ def _jvp(primals, tangents, *, spec: Spec):
             for c in range(spec.top + 1):
                 tangent[c] = tangent[c] + basis[c] * _expand(dk, basis[c].ndim)
     if move_y:
-        dy = _unsort(dtgt, tree.tgt_perm)                 # (*b, M, d)
+        dy = _unsort(dtgt, tree.tgt_perm, spec.config.mesh)               # (*b, M, d)
         for c in range(spec.top + 1):
             shaped = dy.reshape(dy.shape[:-1] + (1,) * (1 + c) + dy.shape[-1:])
             tangent[c] = tangent[c] + jnp.sum(outs[c + 1] * shaped, axis=-1)
@@ -325,7 +328,7 @@ def _curl_jvp(primals, tangents, spec: Spec):
     if (_zero(dtree.src_sorted) and not _zero(dtree.tgt_sorted)
             and all(_zero(t) for t in list(dws.values()) + list(dkl))):
         _check_moves(spec)
-        dy = _unsort(dtree.tgt_sorted, spec.tree_def.unflatten(tl).tgt_perm)
+        dy = _unsort(dtree.tgt_sorted, spec.tree_def.unflatten(tl).tgt_perm, spec.config.mesh)
         primal = _placed(sum_p.bind(*primals, spec=spec), spec)
         return primal, [along_p.bind(*tl, *ol, *kl, ws[0], dy, spec=spec)]
     primal, tangent = _jvp(primals, tangents, spec=spec._replace(curl=False))

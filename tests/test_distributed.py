@@ -61,6 +61,58 @@ def test_laplace3d_every_mesh_size(rng, n_dev, dist):
     assert phi.sharding.mesh.devices.size == n_dev
 
 
+def test_build_over_the_mesh(rng):
+    """`distributed.build` from points split over 1 to 4 devices gives
+    `tree.build`'s tree array for array (ties in a leaf in the caller's
+    order), its per-point arrays split over the mesh."""
+    from jfmm import distributed
+    from jfmm.tree import uniform
+
+    n = 1200
+    x, y = lopsided(n, rng), points("sphere", 600, rng)
+    x[7] = x[3]                                       # coincident points keep their order
+    for n_dev in (1, 2, 3, 4):
+        mesh = mesh_of(n_dev)
+        rows = NamedSharding(mesh, PartitionSpec("x"))
+        for targets in (None, y):
+            split = None if targets is None else jax.device_put(targets, rows)
+            got = jax.jit(distributed.build, static_argnums=(2, 3))(
+                jax.device_put(x, rows), split, 4, mesh)
+            want = uniform.build(jnp.asarray(x), None if targets is None else
+                                 jnp.asarray(targets), 4)
+            for name in ("lo", "side", "src_perm", "src_sorted", "src_start", "src_leaf",
+                         "tgt_perm", "tgt_sorted", "tgt_start", "tgt_leaf", "finite"):
+                assert np.array_equal(getattr(got, name), getattr(want, name)), (n_dev, name)
+            assert got.shared == (targets is None)
+            assert got.src_sorted.sharding.spec == PartitionSpec("x")
+
+
+def test_no_device_holds_every_point(rng):
+    """On points whose count divides over the mesh, the sum and its
+    gradient in the points move blocks of N / D rows between devices, no
+    more (no collective of all N), within eps of the float64 sums."""
+    import re
+
+    n, n_dev = 2400, 4
+    x, q = points("cluster", n, rng), charges(n, rng)
+    mesh = mesh_of(n_dev)
+    rows = NamedSharding(mesh, PartitionSpec("x"))
+    xs, qs = jax.device_put(x, rows), jax.device_put(q, rows)
+
+    def energy(x, q):
+        return jnp.dot(q, jfmm.fmm(x, q, eps=1e-6, mesh=mesh, tree="uniform", leaf_size=16))
+
+    fn = jax.jit(jax.value_and_grad(energy))
+    hlo = fn.lower(xs, qs).compile().as_text()
+    moved = re.findall(r"= \w+\[(\d+)[\],][^=]*? (?:all-gather|all-to-all|collective-permute|"
+                       r"all-reduce)(?:-start)?\(", hlo)
+    assert moved and max(int(r) for r in moved) <= max(n // n_dev, 8 ** 2), sorted(moved)[-5:]
+    e, dx = fn(xs, qs)
+    phi, grad = reference(x, q)
+    assert abs(float(e) - q @ phi) < 1e-6 * abs(q) @ np.abs(phi)
+    assert rel(dx, 2 * q[:, None] * grad) < 1e-6
+
+
 @pytest.mark.parametrize("kernel,dim", [(K.Laplace3D(), 3), (K.Laplace2D(), 2)])
 def test_adaptive_tree(rng, kernel, dim):
     """An adaptive plan on 3 devices (sources half in a cluster, half
@@ -140,8 +192,9 @@ def test_float32(rng):
 def test_grad_and_vmap(rng):
     """Reverse mode through the sharded sum (its adjoint is the sum with
     sources and targets swapped, sharded too), vmap over charge vectors
-    and over point sets, against numpy: d/dq of w . phi(y) is G(x, y) w."""
-    n, m = 1201, 803
+    and over point sets, against numpy: d/dq of w . phi(y) is G(x, y) w.
+    The point counts divide over the mesh (`distributed.build`)."""
+    n, m = 1200, 804
     x, y = points("cube", n, rng), points("cluster", m, rng)
     mesh = mesh_of(3)
     w = rng.standard_normal(m)
@@ -229,7 +282,7 @@ def test_work_list_windows():
 
 def test_pallas_kernels_in_shards(rng):
     """The Pallas near field, P2M and L2P (interpreted) inside the shards."""
-    n = 601
+    n = 600
     x, q = points("cluster", n, rng), charges(n, rng)
     backend.set_backend("interpret")
     try:

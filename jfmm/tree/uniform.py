@@ -103,11 +103,22 @@ _MARGIN_LO, _MARGIN_HI = 0.0371, 0.0213
 
 def root_box(points):
     """A cube holding every finite point with small margins: (lo (d,), side ())."""
+    return box_of(*bounds(points))
+
+
+def bounds(points):
+    """The finite points' (lo (d,), hi (d,)) corners, each a dtype extreme
+    where no point is finite; those of several sets combine by min and max
+    (the root box of points split over devices, `jfmm.distributed.build`)."""
     finite = jnp.all(jnp.isfinite(points), axis=-1, keepdims=True)
     big = jnp.finfo(points.dtype).max
-    lo = jnp.min(jnp.where(finite, points, big), axis=0)
-    hi = jnp.max(jnp.where(finite, points, -big), axis=0)
-    any_finite = jnp.any(finite)
+    return (jnp.min(jnp.where(finite, points, big), axis=0),
+            jnp.max(jnp.where(finite, points, -big), axis=0))
+
+
+def box_of(lo, hi):
+    """`root_box` from the corners `bounds` gives: (lo (d,), side ())."""
+    any_finite = jnp.all(lo <= hi)
     lo = jnp.where(any_finite, lo, 0.0)
     hi = jnp.where(any_finite, hi, 0.0)
     extent = jnp.max(hi - lo)
@@ -115,9 +126,9 @@ def root_box(points):
     # (grid points, points on the bounding faces, 0.5) off box faces and
     # corners at every level, where M2L converges at its worst-case rate.
     # A point set with no extent (one point, or all coincident) gets a unit box.
-    tiny = jnp.finfo(points.dtype).eps
+    tiny = jnp.finfo(lo.dtype).eps
     extent = jnp.where(extent > 0, extent, 1.0)
-    extent = jnp.maximum(extent, 8 * tiny * jnp.max(jnp.abs(jnp.where(any_finite, hi, 0.0))))
+    extent = jnp.maximum(extent, 8 * tiny * jnp.max(jnp.abs(hi)))
     return lo - _MARGIN_LO * extent, extent * (1 + _MARGIN_LO + _MARGIN_HI)
 
 
@@ -128,6 +139,11 @@ def leaf_coords(points, lo, side, depth: int):
     safe = jnp.where(jnp.isfinite(points), points, lo)
     scaled = jnp.floor((safe - lo) / side * (2 ** depth))
     return jnp.clip(scaled, 0, 2 ** depth - 1).astype(jnp.int32)
+
+
+def leaf_keys(points, lo, side, depth: int):
+    """(N,) int32 Morton index of the leaf of `depth` holding each point."""
+    return morton.encode(leaf_coords(points, lo, side, depth), depth)
 
 
 def _sort(points, lo, side, depth: int):
@@ -142,7 +158,7 @@ def _sort(points, lo, side, depth: int):
         zero, count = jnp.zeros(1, jnp.int32), jnp.full(2, n, jnp.int32)
         return (jnp.arange(n, dtype=jnp.int32), points, jnp.concatenate([zero, count]),
                 jnp.zeros(n, jnp.int32))
-    keys = morton.encode(leaf_coords(points, lo, side, depth), depth)
+    keys = leaf_keys(points, lo, side, depth)
     perm = jnp.argsort(keys, stable=True).astype(jnp.int32)
     leaf = keys[perm]
     counts = jnp.zeros(nleaf, jnp.int32).at[leaf].add(1, indices_are_sorted=True)
@@ -191,7 +207,7 @@ def crowding(sources, targets, depth: int):
     lo, side = root_box(sources if targets is None else jnp.concatenate([sources, targets]))
 
     def counts(points):
-        keys = morton.encode(leaf_coords(points, lo, side, depth), depth)
+        keys = leaf_keys(points, lo, side, depth)
         return jnp.zeros(2 ** (d * depth) + 1, jnp.float32).at[keys].add(1.0)
 
     src = counts(sources)
