@@ -50,20 +50,24 @@ COLUMNS = [
 
 
 def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
-    """MB each of n_dev devices receives per apply: the point all-gather,
-    the ring all-reduce of the leaf (adaptive: every box's) multipoles, the
+    """MB each of n_dev devices receives per apply: on the uniform tree the
+    charges to the sorted order, the sources and charges round the ring and
+    the results back (on adaptive trees the point all-gather), the ring
+    all-reduce of the leaf (adaptive: every box's) multipoles, the
     all-gathers of each level's locals, and on adaptive trees the all-reduce
     of the X lists' locals and the reduce-scatter of the W lists' sums
     (jfmm.distributed)."""
     cfg, tree = pl.config, pl.tree
     share = (n_dev - 1) / n_dev
     s = tree.src_sorted.dtype.itemsize
-    total = tree.src_sorted.shape[0] * (tree.dim + k) * s
+    n, m = tree.src_sorted.shape[0], tree.tgt_sorted.shape[0]
+    total = n * (tree.dim + k) * s
     if cfg.tree == "adaptive":        # the whole tree, targets included, on every device
-        total += tree.tgt_sorted.shape[0] * tree.dim * s
+        total += m * tree.dim * s
         boxes = tree.n_boxes
         windowed = tree.offsets[tree.depth + 1] - tree.offsets[2]
-    else:
+    else:                             # the charges sorted, the results unsorted
+        total += (n * k + m * k * (1 + tree.dim)) * s
         boxes = 2 ** (tree.dim * cfg.depth)
         windowed = sum(2 ** (tree.dim * lv) for lv in range(2, cfg.depth + 1))
     if cfg.family is not None and tree.depth >= 2:
@@ -103,17 +107,22 @@ def measure(x, q, mesh, repeats: int, rng, tree: str) -> dict:
 
 @contextlib.contextmanager
 def local_collectives(me, n_dev: int):
-    """jax.lax's collectives as one device's stand-ins while tracing."""
-    saved = jax.lax.axis_index, jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter
+    """jax.lax's collectives as one device's stand-ins while tracing. A
+    ring step keeps the device's own block: the near field's pairs follow
+    the leaf table of the block's origin, so the work (not the values) is
+    that of the real ring."""
+    names = ("axis_index", "all_gather", "psum", "psum_scatter", "ppermute")
+    saved = [getattr(jax.lax, k) for k in names]
     jax.lax.axis_index = lambda name: me
     jax.lax.all_gather = lambda x, axis_name, tiled=False: jnp.concatenate([x] * n_dev)
     jax.lax.psum = lambda x, axis_name: x
     jax.lax.psum_scatter = lambda x, axis_name, tiled=False: x[:x.shape[0] // n_dev]
+    jax.lax.ppermute = lambda x, axis_name, perm: x
     try:
         yield
     finally:
-        (jax.lax.axis_index, jax.lax.all_gather, jax.lax.psum,
-         jax.lax.psum_scatter) = saved
+        for k, f in zip(names, saved):
+            setattr(jax.lax, k, f)
 
 
 def shard_times(pl, q, n_dev: int, repeats: int) -> list[float]:
@@ -121,22 +130,29 @@ def shard_times(pl, q, n_dev: int, repeats: int) -> list[float]:
     on n_dev devices, computed alone (`local_collectives`)."""
     tree, cfg = pl.tree, pl.config
     pad = lambda a, edge: distributed._pad(a, n_dev, edge)          # noqa: E731
-    arrays = (pad(tree.src_sorted, True), pad(jnp.asarray(q)[tree.src_perm][:, None], False),
-              pad(tree.src_leaf, True), pad(tree.tgt_sorted, True), pad(tree.tgt_leaf, True))
+    q = jnp.asarray(q)[:, None]
     if cfg.tree == "adaptive":
+        arrays = (pad(tree.src_sorted, True), pad(q[tree.src_perm], False),
+                  pad(tree.src_leaf, True), pad(tree.tgt_sorted, True), pad(tree.tgt_leaf, True))
         whole, shard = (tree, (pl.ops, pl.kernel)), distributed._adaptive_shard
+        static = dict(n=tree.src_sorted.shape[0])
     else:
+        perm = lambda p: distributed._pad_perm(p, n_dev)              # noqa: E731
+        arrays = (pad(tree.src_sorted, True), perm(tree.src_perm), pad(tree.src_leaf, True),
+                  pad(tree.tgt_sorted, True), perm(tree.tgt_perm), pad(tree.tgt_leaf, True),
+                  pad(q, False))
         whole = (tree.src_start, tree.tgt_start, tree.lo, tree.side, (pl.ops, pl.kernel))
-        shard = distributed._shard
+        shard, static = distributed._shard, {}
+    rows = len(arrays)
 
     @jax.jit
     def one(me, *args):
         local = [jax.lax.dynamic_slice_in_dim(a, me * (a.shape[0] // n_dev), a.shape[0] // n_dev)
-                 for a in args[:5]]
+                 for a in args[:rows]]
         with local_collectives(me, n_dev):
-            return shard(*local, *args[5:], config=cfg, n=tree.src_sorted.shape[0],
-                         depth=tree.depth, dim=tree.dim, axis="x", n_dev=n_dev,
-                         gradient=True, mode=backend.current())
+            return shard(*local, *args[rows:], config=cfg, depth=tree.depth, dim=tree.dim,
+                         axis="x", n_dev=n_dev, gradient=True, mode=backend.current(),
+                         **static)
 
     return [1e3 * median_time(one, jnp.int32(s), *arrays, *whole, repeats=repeats)
             for s in range(n_dev)]
