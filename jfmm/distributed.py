@@ -346,12 +346,9 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
         device origin's block at this device's targets."""
         if depth == 0:
             return backend.dense(kernel, tgt, src, q, gradient, mode)
-        start = jnp.clip(src_start - origin * nb, 0, nb)
-        near = lists.neighbors(depth, dim)
-        # Only the target leaves that neighbour this block's sources.
-        active = jnp.any((start[1:] > start[:-1])[near], axis=1)
-        return backend.near_field(kernel, tgt, mine.tgt_start, src, q, start, near, gradient,
-                                  mode, active=jnp.append(active, False))
+        return backend.near_field(kernel, tgt, mine.tgt_start, src, q,
+                                  jnp.clip(src_start - origin * nb, 0, nb),
+                                  lists.neighbors(depth, dim), gradient, mode)
 
     def visit(acc, block, origin):
         out = pairs(origin, *block)
