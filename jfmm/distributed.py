@@ -341,6 +341,12 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
                                            combine=combine)
         return _to_callers((phi, grad) if gradient else (phi,), tgt_perm, axis, n_dev)
 
+    # A block of the order holds points of about 1/D of the leaves: the
+    # tiled kernels loop over the tiles that many leaves take, as many
+    # times as the block's points need, not over every leaf of the grid.
+    nleaf = 2 ** (dim * depth)
+    busy = -(-nleaf // n_dev) + 1 if n_dev > 1 else None
+
     def pairs(origin, src, q):
         """The near field (all pairs at depth 0) of the sorted sources of
         device origin's block at this device's targets."""
@@ -348,7 +354,7 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
             return backend.dense(kernel, tgt, src, q, gradient, mode)
         return backend.near_field(kernel, tgt, mine.tgt_start, src, q,
                                   jnp.clip(src_start - origin * nb, 0, nb),
-                                  lists.neighbors(depth, dim), gradient, mode)
+                                  lists.neighbors(depth, dim), gradient, mode, leaves=busy)
 
     def visit(acc, block, origin):
         out = pairs(origin, *block)
@@ -358,10 +364,10 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
     zeros = tuple(jnp.zeros(s.shape, s.dtype) for s in shapes if s is not None)
     out = _ring(visit, zeros, (src, q), axis, n_dev, rolled=True)
     if family is not None and depth >= 2:
-        mult = passes.upward(mine, q, family, ops, p, mode, combine=combine)
+        mult = passes.upward(mine, q, family, ops, p, mode, combine=combine, leaves=busy)
         window = functools.partial(_window_m2l, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
         loc = passes.downward(mine, mult, family, ops, kernel, p, mode, m2l=window)
-        far = passes.leaf_l2p(mine, loc, family, p, gradient, mode)
+        far = passes.leaf_l2p(mine, loc, family, p, gradient, mode, leaves=busy)
         out = tuple(a + f for a, f in zip(out, far) if f is not None)
     return _to_callers(out, tgt_perm, axis, n_dev)
 

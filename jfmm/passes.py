@@ -30,13 +30,15 @@ from jfmm.ops import backend, p2p, translate
 from jfmm.tree import Tree, adaptive, lists, tiles
 
 
-def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp", combine=None):
+def upward(tree: Tree, q_sorted, family, ops, p: int, mode: str = "jnp", combine=None,
+           leaves: int | None = None):
     """Multipoles per level: {level: (2^(d*level), K, P)} for levels >= 2.
     combine: applied to the leaf multipoles before M2M (the sum over the
-    devices of a mesh, `jfmm.distributed`)."""
+    devices of a mesh, `jfmm.distributed`); leaves: the leaves that hold
+    most trees' sources, where far fewer than the grid's (`backend.p2m`)."""
     h = tree.box_side(tree.depth)
     u = (tree.src_sorted - tree.leaf_centers(tree.src_leaf)) / h
-    leaf = backend.p2m(family, u, q_sorted, tree.src_start, tree.src_leaf, p, mode)
+    leaf = backend.p2m(family, u, q_sorted, tree.src_start, tree.src_leaf, p, mode, leaves)
     mult = {tree.depth: leaf if combine is None else combine(leaf)}
     for level in range(tree.depth, 2, -1):
         mult[level - 1] = translate.m2m(mult[level], ops.m2m)
@@ -198,13 +200,15 @@ def curl_along(tree, charges, along, kernel: kernels.Kernel, config: Config, ops
     return caller_order(tree, c, None, False, None if adaptive_tree else config)[0]
 
 
-def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp"):
+def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp",
+             leaves: int | None = None):
     """The leaves' local expansions (n_leaves, K, P) at the sorted targets:
-    phi (M, K), grad (M, K, d) or None."""
+    phi (M, K), grad (M, K, d) or None; leaves: as in `upward`."""
     h = tree.box_side(tree.depth)
     u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
     coef = family.l2p_coefficients(loc, p, gradient)
-    return backend.l2p(family, u, coef, tree.tgt_start, tree.tgt_leaf, h, p, gradient, mode)
+    return backend.l2p(family, u, coef, tree.tgt_start, tree.tgt_leaf, h, p, gradient, mode,
+                       leaves)
 
 
 def gauss_transform(tree: Tree, q_sorted, kernel: kernels.Gaussian, family, p: int,
