@@ -65,7 +65,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jfmm import passes
 from jfmm._compat import Tracer
-from jfmm.ops import backend
+from jfmm.ops import backend, p2p
 from jfmm.tree import Tree, adaptive, lists, tiles, uniform
 
 
@@ -347,14 +347,19 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
     nleaf = 2 ** (dim * depth)
     busy = -(-nleaf // n_dev) + 1 if n_dev > 1 else None
 
+    if depth:                   # the neighbours' source rows, clipped to each block
+        near = lists.neighbors(depth, dim)
+        r0, r1, used = p2p.source_ranges(near, src_start)
+
     def pairs(origin, src, q):
         """The near field (all pairs at depth 0) of the sorted sources of
         device origin's block at this device's targets."""
         if depth == 0:
             return backend.dense(kernel, tgt, src, q, gradient, mode)
-        return backend.near_field(kernel, tgt, mine.tgt_start, src, q,
-                                  jnp.clip(src_start - origin * nb, 0, nb),
-                                  lists.neighbors(depth, dim), gradient, mode, leaves=busy)
+        clip = lambda r: jnp.clip(r - origin * nb, 0, nb)       # noqa: E731
+        return backend.near_field(kernel, tgt, mine.tgt_start, src, q, clip(src_start), near,
+                                  gradient, mode, leaves=busy,
+                                  ranges=(clip(r0), clip(r1), used))
 
     def visit(acc, block, origin):
         out = pairs(origin, *block)

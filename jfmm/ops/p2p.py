@@ -190,7 +190,8 @@ def source_ranges(near, src_start):
 
 
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
-               near, gradient: bool, tile: int = TILE, batch: int | None = None, tiles=None):
+               near, gradient: bool, tile: int = TILE, batch: int | None = None, tiles=None,
+               ranges=None):
     """Sum over the sources of each target leaf's near neighbours.
 
     tgt_sorted (M, d), src_sorted (N, d), q_sorted (N, K): Morton-sorted;
@@ -199,7 +200,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     `source_ranges`).
     tiles: (leaf, t0, t1) of the target tiles to run (`leaf_tiles` with
     `tile`; padded with empty tiles to a multiple of the batch), or None
-    for all.
+    for all. ranges: `source_ranges(near, src_start)` made already, or None.
     Returns phi (M, K), grad (M, K, d) or None, in sorted target order.
     """
     m, d = tgt_sorted.shape
@@ -215,7 +216,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     y_pad = pad_rows(tgt_sorted, tile)
     x_pad = pad_rows(src_sorted, tile)
     q_pad = pad_rows(q_sorted, tile)
-    r0, r1, _ = source_ranges(near, src_start)
+    r0, r1, _ = source_ranges(near, src_start) if ranges is None else ranges
 
     def one_tile(args):
         lf, a, b = args

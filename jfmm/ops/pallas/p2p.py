@@ -177,7 +177,7 @@ _PAIRS = {d: [(a, b) for a in range(d) for b in range(a, d)] for d in (2, 3)}
 def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start,
                near, gradient: bool, blocks: Blocks = Blocks(), interpret: bool = False,
                coincide=None, hessian: bool = False, tiles=None, curl: bool = False,
-               along=None):
+               along=None, ranges=None):
     """Pallas twin of `jfmm.ops.p2p.near_field` (same arguments and results).
 
     coincide: None, or (g0, g1) int arrays, one entry per target tile of
@@ -210,7 +210,7 @@ def near_field(kernel: Kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_
     t_sz, s_sz = blocks.targets, blocks.sources
     width = near.shape[1]
     leaf, t0, t1 = ref.leaf_tiles(tgt_start, m, t_sz) if tiles is None else tiles
-    r0, r1, n = ref.source_ranges(near, src_start)
+    r0, r1, n = ref.source_ranges(near, src_start) if ranges is None else ranges
     g0, g1 = (src_start[leaf], src_start[leaf + 1]) if coincide is None else coincide
     meta = jnp.concatenate([t0[:, None], t1[:, None], n[leaf, None], g0[:, None], g1[:, None],
                             r0[leaf], r1[leaf]], axis=1).astype(jnp.int32)
