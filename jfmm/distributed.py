@@ -213,24 +213,25 @@ def _sort_shard(points, lo, side, depth: int, axis: str, n_dev: int):
     return perm, placed, start, leaf
 
 
-def _ring(visit, carry, block, axis: str, n_dev: int, rolled: bool = False):
+def _ring(visit, carry, block, axis: str, n_dev: int, first: int = 0):
     """carry after visit(carry, block, origin) of every device's block
     (pytree), its own first, each block passed one step round the ring of
     devices between visits (D - 1 sends of one block, `lax.ppermute`): a
-    device holds two blocks at once, never all of them. rolled: one traced
-    visit in a fori_loop (for heavy visits), at the cost of a last, spare
-    send."""
+    device holds two blocks at once, never all of them. first=1: the
+    others' blocks alone (the caller visited its own), one traced visit in
+    a fori_loop (for heavy visits)."""
     me = jax.lax.axis_index(axis)
     step = [(i, (i + 1) % n_dev) for i in range(n_dev)]
 
     def send(block):
         return jax.tree_util.tree_map(lambda x: jax.lax.ppermute(x, axis, step), block)
 
-    if rolled:
+    if first:
         def body(k, state):
             carry, block = state
-            return visit(carry, block, (me - k) % n_dev), send(block)
-        return jax.lax.fori_loop(0, n_dev, body, (carry, block))[0]
+            block = send(block)
+            return visit(carry, block, (me - k) % n_dev), block
+        return jax.lax.fori_loop(1, n_dev, body, (carry, block))[0]
     for k in range(n_dev):
         carry = visit(carry, block, (me - k) % n_dev)
         if k < n_dev - 1:
@@ -351,23 +352,24 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
         near = lists.neighbors(depth, dim)
         r0, r1, used = p2p.source_ranges(near, src_start)
 
-    def pairs(origin, src, q):
+    def pairs(origin, src, q, own: bool):
         """The near field (all pairs at depth 0) of the sorted sources of
-        device origin's block at this device's targets."""
+        device origin's block at this device's targets; from another's
+        block (own False), at the leaves that neighbour its sources alone."""
         if depth == 0:
             return backend.dense(kernel, tgt, src, q, gradient, mode)
         clip = lambda r: jnp.clip(r - origin * nb, 0, nb)       # noqa: E731
+        ranges = (clip(r0), clip(r1), used)
+        active = None if own else jnp.any(ranges[1] > ranges[0], axis=1)
         return backend.near_field(kernel, tgt, mine.tgt_start, src, q, clip(src_start), near,
-                                  gradient, mode, leaves=busy,
-                                  ranges=(clip(r0), clip(r1), used))
+                                  gradient, mode, leaves=None if active is not None else busy,
+                                  ranges=ranges, active=active)
 
     def visit(acc, block, origin):
-        out = pairs(origin, *block)
-        return tuple(a + o for a, o in zip(acc, out) if a is not None)
+        return tuple(a + o for a, o in zip(acc, pairs(origin, *block, False)))
 
-    shapes = jax.eval_shape(pairs, me, src, q)
-    zeros = tuple(jnp.zeros(s.shape, s.dtype) for s in shapes if s is not None)
-    out = _ring(visit, zeros, (src, q), axis, n_dev, rolled=True)
+    out = tuple(o for o in pairs(me, src, q, True) if o is not None)
+    out = _ring(visit, out, (src, q), axis, n_dev, first=1)
     if family is not None and depth >= 2:
         mult = passes.upward(mine, q, family, ops, p, mode, combine=combine, leaves=busy)
         window = functools.partial(_window_m2l, dim=dim, axis=axis, n_dev=n_dev, mode=mode)

@@ -93,19 +93,20 @@ def current() -> str:
 
 def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, near,
                gradient: bool, mode: str, blocks: pallas_p2p.Blocks | None = None,
-               leaves: int | None = None, curl: bool = False, ranges=None):
+               leaves: int | None = None, curl: bool = False, ranges=None, active=None):
     """`jfmm.ops.p2p.near_field` on backend `mode` (see `current`); jnp for
     kernels the Pallas kernel cannot lower (`Kernel.pallas`). leaves: the
     leaves with targets in most trees, where far fewer than the slots
     (`tiles.in_steps`). curl=True: (None, `p2p.curl` of the gradient), which
     the Pallas kernel sums alone. ranges: the neighbours' source ranges
-    (`p2p.source_ranges`), where made already."""
+    (`p2p.source_ranges`), where made already; active: the target leaves to
+    sum at, the others left 0 (`tiles.in_steps`)."""
     m = tgt_sorted.shape[0]
     if mode == "jnp" or not kernel.pallas:
         phi, grad = tiles.in_steps(
             lambda *t: p2p.near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted,
                                       src_start, near, gradient or curl, tiles=t, ranges=ranges),
-            tgt_start, m, p2p.TILE, leaves)
+            tgt_start, m, p2p.TILE, leaves, active)
         return (None, p2p.curl(grad)) if curl else (phi, grad)
     blocks = blocks or _blocks
     out = tiles.in_steps(
@@ -113,7 +114,7 @@ def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, n
                                          src_start, near, gradient and not curl, blocks=blocks,
                                          interpret=mode == "interpret", tiles=t, curl=curl,
                                          ranges=ranges),
-        tgt_start, m, blocks.targets, leaves)
+        tgt_start, m, blocks.targets, leaves, active)
     return (None, out) if curl else out
 
 
