@@ -569,12 +569,15 @@ def adaptive_jit(data, docs):
 
 
 def multi(data, docs):
-    found = load_all(data, ["multi_emulated.json", "multi_emulated_plummer.json", "multi.json"])
+    found = load_all(data, ["multi_emulated.json", "multi_emulated_plummer.json", "multi.json",
+                            "multi_emulated_ring.json", "multi_emulated_allgather_h200.json"])
     if "multi_emulated.json" not in found:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.8), constrained_layout=True)
-    series = [("multi_emulated.json", "C0", "cube, uniform tree", 5),
-              ("multi_emulated_plummer.json", "C1", "Plummer, adaptive tree", -12)]
+    series = [("multi_emulated.json", "C0", "cube, uniform tree, points gathered", 5),
+              ("multi_emulated_plummer.json", "C1", "Plummer, adaptive tree", -12),
+              ("multi_emulated_allgather_h200.json", "C4", "cube, points gathered", 5),
+              ("multi_emulated_ring.json", "C2", "cube, each device its share", -12)]
     for name, color, label, dy in series:
         if name not in found:
             continue
@@ -583,7 +586,8 @@ def multi(data, docs):
         d = np.array([r["devices"] for r in rows])
         ax.plot(d, one["apply_ms"] / d, ":", color=color)
         ax.plot(d, [r["shard_ms"] for r in rows], "o-", color=color,
-                label=f"{label}, N = {one['n']:,}: slowest share (dotted: perfect)")
+                label=f"{label}, N = {one['n']:,}, {found[name][0]['device']}: slowest "
+                      f"share (dotted: perfect)")
         for r in rows:
             ax.annotate(f"{r['shard_ms']:.1f} ms, {r['mb_in']:.0f} MB in",
                         (r["devices"], r["shard_ms"]), textcoords="offset points",

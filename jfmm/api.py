@@ -265,10 +265,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     `Plan.apply` inside.
 
     Several devices: mesh, a `jax.sharding.Mesh` with one axis, splits the
-    work over its devices (`jfmm.distributed`; each holds all the points):
-    the same tree, order and error as on one device, on uniform and
-    adaptive trees, the results split over the mesh by rows (where the
-    rows divide evenly). Points and charges may come sharded over the mesh
+    work over its devices (`jfmm.distributed`): the same tree, order and
+    error as on one device, on uniform and adaptive trees, the results
+    split over the mesh by rows (where the rows divide evenly). On the
+    uniform tree with point counts that divide over the mesh each device
+    holds only its share of the points; adaptive trees, and
+    tree="auto" inside jit, hold every point on every device. Points and charges may come sharded over the mesh
     or not; on a mesh with Explicit axes (`jax.make_mesh`'s default) only
     eager calls take sharded inputs (under jit, grad or vmap pass them
     unsharded or on Auto axes), and not inside `jax.set_mesh` of it. jit,
