@@ -269,13 +269,13 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     error as on one device, on uniform and adaptive trees, the results
     split over the mesh by rows (where the rows divide evenly). On the
     uniform tree with point counts that divide over the mesh each device
-    holds only its share of the points; adaptive trees, and
-    tree="auto" inside jit, hold every point on every device. Points and charges may come sharded over the mesh
-    or not; on a mesh with Explicit axes (`jax.make_mesh`'s default) only
-    eager calls take sharded inputs (under jit, grad or vmap pass them
-    unsharded or on Auto axes), and not inside `jax.set_mesh` of it. jit,
-    jax.grad in charges and points, and vmap over charges and point sets
-    work on the sharded call.
+    holds only its share of the points; adaptive trees, and tree="auto"
+    inside jit, hold every point on every device. Points and charges may
+    come sharded over the mesh or not; on a mesh with Explicit axes
+    (`jax.make_mesh`'s default) only eager calls take sharded inputs
+    (under jit, grad or vmap pass them unsharded or on Auto axes), and not
+    inside `jax.set_mesh` of it. jit, jax.grad in charges and points, and
+    vmap over charges and point sets work on the sharded call.
     """
     _configure.check_eps(eps)
     kernel = _inputs.kernel_of(kernel)

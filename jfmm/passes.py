@@ -446,7 +446,7 @@ def _adaptive_far(tree: adaptive.AdaptiveTree, mult, loc, family, kernel, p: int
 
 def caller_order(tree, phi, grad, gradient: bool, config: Config | None = None):
     """Results in Morton order -> the caller's target order, NaN where
-    `results_ok` is false."""
+    the tree cannot give them (`valid`)."""
     inv = jnp.zeros_like(tree.tgt_perm).at[tree.tgt_perm].set(
         jnp.arange(tree.tgt_perm.shape[0], dtype=tree.tgt_perm.dtype))
     return valid(tree, phi[inv], grad[inv] if gradient else grad, config)
