@@ -15,7 +15,8 @@ each step of a simulation does), "build" the update alone, "apply" the sum
 on a built tree; efficiency is T_1 / (D T_D) (strong) or T_1 / T_D (weak).
 Errors of phi and grad on 1,000 sampled targets against a float64 direct
 sum. "MB in" is what each device receives per apply (the count in
-jfmm.distributed's docstring).
+jfmm.distributed's docstring), "MB a device" what the compiled `total`
+allocates on each device (arguments, outputs, temporaries).
 
 --emulate (one GPU): one device's share of the sum on D devices, that is
 `jfmm.distributed`'s shard function run alone with its collectives replaced
@@ -44,6 +45,7 @@ COLUMNS = [
     ("build_ms", "build ms", ".2f"), ("apply_ms", "apply ms", ".2f"),
     ("total_ms", "total ms", lambda r: f"**{r['total_ms']:.2f}**"),
     ("efficiency", "efficiency", ".2f"), ("mb_in", "MB in", ".0f"),
+    ("mb_device", "MB a device", ".0f"),
     ("err_phi", "err phi", ".2e"), ("err_grad", "err grad", ".2e"),
     ("shard_ms", "slowest shard ms", ".2f"), ("shard_mean_ms", "mean shard ms", ".2f"),
 ]
@@ -102,7 +104,16 @@ def measure(x, q, mesh, repeats: int, rng, tree: str) -> dict:
                 apply_ms=1e3 * median_time(apply, pl, qs, repeats=repeats),
                 err_phi=rel(np.asarray(phi)[idx], ref[0]),
                 err_grad=rel(np.asarray(grad)[idx], ref[1]),
-                mb_in=traffic_mb(pl, n_dev))
+                mb_in=traffic_mb(pl, n_dev), mb_device=device_mb(total, pl, xs, qs))
+
+
+def device_mb(f, *args) -> float:
+    """MB one device holds for jitted f(*args): its arguments, outputs and
+    temporaries as XLA's compiled program allocates them (per device on a
+    mesh), not a measured peak."""
+    mem = f.lower(*args).compile().memory_analysis()
+    return (mem.argument_size_in_bytes + mem.output_size_in_bytes
+            + mem.temp_size_in_bytes) / 1e6
 
 
 @contextlib.contextmanager
