@@ -84,11 +84,15 @@ def in_steps(run, start, n_points: int, tile: int, leaves: int | None, active=No
         step = -(-leaf.shape[0] // 16)
         keep = active[leaf] & (t0 < t1)
         order = jnp.argsort(~keep, stable=True)
-        tiles = [jnp.pad(a[order], (0, 16 * step - a.shape[0]), constant_values=c)
+        used = jnp.sum(keep)
+        # The rest become empty tiles: a last step's slice runs past `used`.
+        live = jnp.arange(leaf.shape[0]) < used
+        tiles = [jnp.pad(jnp.where(live, a[order], c), (0, 16 * step - a.shape[0]),
+                         constant_values=c)
                  for a, c in ((leaf, nleaf), (t0, n_points), (t1, n_points))]
         part = lambda first: run(*(jax.lax.dynamic_slice_in_dim(a, first, step)  # noqa: E731
                                    for a in tiles))
-        used, total = jnp.sum(keep), 16 * step
+        total = 16 * step
     elif leaves is None or leaves >= nleaf:
         return run(*leaf_tiles(start, n_points, tile))
     else:

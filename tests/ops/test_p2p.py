@@ -65,6 +65,35 @@ def test_near_field_tiles_not_a_multiple_of_the_batch(n_tgt, leaves, rng):
     assert rel(grad, np.einsum("tsd,ts,sk->tkd", d, -inv ** 3, np.asarray(qs))) < 1e-13
 
 
+def test_near_field_at_active_leaves_from_ranges_made(rng):
+    """The near field at the targets of some leaves alone (`tiles.in_steps`'
+    active: their tiles moved to the front and run in steps, as a device
+    sums another's block, `jfmm.distributed`), from source ranges made
+    beforehand: the numpy sum over neighbouring leaves at those targets, 0
+    at the others."""
+    x, y = rng.random((301, 3)), rng.random((211, 3))
+    x[:150] = 0.6 + 0.1 * rng.random((150, 3))
+    q = rng.random((301, 2)) - 0.5
+    t = build(jnp.asarray(x), jnp.asarray(y), 2)
+    near = lists.neighbors(2, 3)
+    active = rng.random(65) < 0.3
+    active[-1] = False                                          # the sentinel leaf
+    qs = jnp.asarray(q)[t.src_perm]
+    phi, grad = backend.near_field(K.Laplace3D(), t.tgt_sorted, t.tgt_start, t.src_sorted, qs,
+                                   t.src_start, near, True, "jnp",
+                                   ranges=p2p.source_ranges(near, t.src_start),
+                                   active=jnp.asarray(active))
+    ys, xs = np.asarray(t.tgt_sorted), np.asarray(t.src_sorted)
+    cy, cx = (np.asarray(t.leaf_centers(b)) for b in (t.tgt_leaf, t.src_leaf))
+    near_pairs = np.all(np.abs(cy[:, None] - cx[None]) < 1.01 * float(t.box_side(2)), axis=-1)
+    near_pairs &= active[np.asarray(t.tgt_leaf)][:, None]
+    d = ys[:, None] - xs[None]
+    inv = np.where(near_pairs, 1 / np.linalg.norm(d, axis=-1), 0.0)
+    assert np.any(inv) and not np.all(active[np.asarray(t.tgt_leaf)])
+    assert rel(phi, inv @ np.asarray(qs)) < 1e-13
+    assert rel(grad, np.einsum("tsd,ts,sk->tkd", d, -inv ** 3, np.asarray(qs))) < 1e-13
+
+
 @pytest.mark.parametrize("sources, limit", [(64, 16), (64, 1)])
 def test_dense_source_chunks_unrolled_or_looped(sources, limit, monkeypatch, rng):
     """All pairs on the CPU: source chunks unrolled (up to CPU_CHUNKS of
