@@ -213,11 +213,11 @@ def _sort_shard(points, lo, side, depth: int, axis: str, n_dev: int):
     return perm, placed, start, leaf
 
 
-def _ring(visit, carry, block, axis: str, n_dev: int, first: int = 0):
+def _ring(visit, carry, block, axis: str, n_dev: int, others: bool = False):
     """carry after visit(carry, block, origin) of every device's block
     (pytree), its own first, each block passed one step round the ring of
     devices between visits (D - 1 sends of one block, `lax.ppermute`): a
-    device holds two blocks at once, never all of them. first=1: the
+    device holds two blocks at once, never all of them. others: the
     others' blocks alone (the caller visited its own), one traced visit in
     a fori_loop (for heavy visits)."""
     me = jax.lax.axis_index(axis)
@@ -226,7 +226,7 @@ def _ring(visit, carry, block, axis: str, n_dev: int, first: int = 0):
     def send(block):
         return jax.tree_util.tree_map(lambda x: jax.lax.ppermute(x, axis, step), block)
 
-    if first:
+    if others:
         def body(k, state):
             carry, block = state
             block = send(block)
@@ -296,27 +296,40 @@ def _pad_perm(perm, n_dev: int):
 
 def evaluate(tree: Tree, charges, kernel, config, ops, gradient: bool, mode: str = "jnp"):
     """`jfmm.passes.evaluate` over `config.mesh`: phi (M, K) and grad
-    (M, K, d) or None at the targets, caller's order (same arguments)."""
+    (M, K, d) or None at the targets, caller's order (same arguments).
+    Per-point arrays are padded to a multiple of the device count and
+    split over the mesh in row blocks (`_shard`, `_adaptive_shard`)."""
     mesh = config.mesh
-    axis = mesh.axis_names[0]
-    n_dev = mesh.devices.size
-    if isinstance(tree, adaptive.AdaptiveTree):
-        return _adaptive_evaluate(tree, charges, kernel, config, ops, gradient, mode)
+    axis, n_dev = mesh.axis_names[0], mesh.devices.size
     m = tree.tgt_sorted.shape[0]
-    local = (_pad(tree.src_sorted, n_dev, True), _pad_perm(tree.src_perm, n_dev),
-             _pad(tree.src_leaf, n_dev, True), _pad(tree.tgt_sorted, n_dev, True),
-             _pad_perm(tree.tgt_perm, n_dev), _pad(tree.tgt_leaf, n_dev, True),
-             _pad(charges, n_dev, False))
-    local = [sharded(x, mesh) for x in local]
+    # Operators and kernel parameters enter as inputs, whole on every device.
     operators = jax.tree_util.tree_map(jnp.asarray, (ops, kernel))
-    body = functools.partial(_shard, config=config, depth=tree.depth, dim=tree.dim, axis=axis,
-                             n_dev=n_dev, gradient=gradient, mode=mode)
+    static = dict(config=config, depth=tree.depth, dim=tree.dim, axis=axis, n_dev=n_dev,
+                  gradient=gradient, mode=mode)
+    if isinstance(tree, adaptive.AdaptiveTree):
+        local = (tree.src_sorted, charges[tree.src_perm], tree.src_leaf, tree.tgt_sorted,
+                 tree.tgt_leaf)
+        edges = (True, False, True, True, True)
+        body = functools.partial(_adaptive_shard, n=tree.src_sorted.shape[0], **static)
+        shared = (tree, operators)
+    else:
+        local = (tree.src_sorted, tree.src_perm, tree.src_leaf, tree.tgt_sorted, tree.tgt_perm,
+                 tree.tgt_leaf, charges)
+        edges = (True, None, True, True, None, True, False)
+        body = functools.partial(_shard, **static)
+        shared = (tree.src_start, tree.tgt_start, tree.lo, tree.side, operators)
+    # Padded with copies of the last row (True), zeros (False), or the
+    # indices after a permutation's (None).
+    local = [sharded(_pad_perm(x, n_dev) if edge is None else _pad(x, n_dev, edge), mesh)
+             for x, edge in zip(local, edges)]
     rows, whole = PartitionSpec(axis), PartitionSpec()
-    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * 7 + (whole,) * 5,
+    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * len(local) + (whole,) * len(shared),
                          out_specs=(rows, rows) if gradient else (rows,),
-                         check_vma=False)(*local, tree.src_start, tree.tgt_start, tree.lo,
-                                          tree.side, operators)
-    return passes.valid(tree, outs[0][:m], outs[1][:m] if gradient else None, config)
+                         check_vma=False)(*local, *shared)
+    phi, grad = outs[0][:m], (outs[1][:m] if gradient else None)
+    if isinstance(tree, adaptive.AdaptiveTree):         # its shards sum in Morton order
+        return passes.caller_order(tree, phi, grad, gradient, config)
+    return passes.valid(tree, phi, grad, config)
 
 
 def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tgt_start, lo, side,
@@ -369,7 +382,7 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
         return tuple(a + o for a, o in zip(acc, pairs(origin, *block, False)))
 
     out = tuple(o for o in pairs(me, src, q, True) if o is not None)
-    out = _ring(visit, out, (src, q), axis, n_dev, first=1)
+    out = _ring(visit, out, (src, q), axis, n_dev, others=True)
     if family is not None and depth >= 2:
         mult = passes.upward(mine, q, family, ops, p, mode, combine=combine, leaves=busy)
         window = functools.partial(_window_m2l, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
@@ -377,28 +390,6 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
         far = passes.leaf_l2p(mine, loc, family, p, gradient, mode, leaves=busy)
         out = tuple(a + f for a, f in zip(out, far) if f is not None)
     return _to_callers(out, tgt_perm, axis, n_dev)
-
-
-def _adaptive_evaluate(tree, charges, kernel, config, ops, gradient: bool, mode: str):
-    """`evaluate` on an adaptive tree, whole on every device (`_adaptive_shard`)."""
-    mesh = config.mesh
-    axis = mesh.axis_names[0]
-    n_dev = mesh.devices.size
-    n, m = tree.src_sorted.shape[0], tree.tgt_sorted.shape[0]
-    q_sorted = charges[tree.src_perm]
-    local = (_pad(tree.src_sorted, n_dev, True), _pad(q_sorted, n_dev, False),
-             _pad(tree.src_leaf, n_dev, True), _pad(tree.tgt_sorted, n_dev, True),
-             _pad(tree.tgt_leaf, n_dev, True))
-    local = [sharded(x, mesh) for x in local]
-    operators = jax.tree_util.tree_map(jnp.asarray, (ops, kernel))
-    body = functools.partial(_adaptive_shard, config=config, n=n, depth=tree.depth,
-                             dim=tree.dim, axis=axis, n_dev=n_dev, gradient=gradient, mode=mode)
-    rows, whole = PartitionSpec(axis), PartitionSpec()
-    outs = jax.shard_map(body, mesh=mesh, in_specs=(rows,) * 5 + (whole,) * 2,
-                         out_specs=(rows, rows) if gradient else (rows,),
-                         check_vma=False)(*local, tree, operators)
-    phi, grad = outs[0][:m], (outs[1][:m] if gradient else None)
-    return passes.caller_order(tree, phi, grad, gradient, config)
 
 
 def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config, n: int,
