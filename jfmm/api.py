@@ -117,8 +117,8 @@ def _bind(tree, ops, kernel, charges, config, check, gradient, mode):
         return None, outs[0], None
     outs = _primitive.fmm_sum(tree, ops, kernel, {0: charges}, int(bool(gradient)), config,
                               mode)
-    phi, grad, ok = _configure.checked(config, check, kernel, tree.side, charges, outs[0],
-                                       outs[1] if gradient else None)
+    phi, grad, ok = _configure.checked(config, check, kernel, tree, charges, outs[0],
+                                       outs[1] if gradient else None, mode)
     return (None, _p2p.curl(grad), ok) if gradient == "curl" else (phi, grad, ok)
 
 
@@ -195,9 +195,10 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     the sums check their own charges (`configure.checked`): from phi and
     grad phi at the same 256 targets, the error estimate with these
     charges; a charge column whose estimate exceeds eps (and what the
-    order was chosen for) comes back NaN under jit and raises `Unreachable`
-    eagerly (moment-free charges, which erred up to 17 eps at such orders,
-    were flagged or within eps). Make the plan with `charges=` like those to
+    order was chosen for) is summed directly at those targets, and where
+    its error there exceeds eps / 2 it comes back NaN under jit and raises
+    `Unreachable` eagerly (moment-free charges, which erred up to 17 eps at
+    such orders, were flagged or within eps). Make the plan with `charges=` like those to
     be summed, or ask for a smaller eps, to keep them. Laplace's series and
     the fast Gauss transform measured within eps on both kinds.
 

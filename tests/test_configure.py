@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import points
+from conftest import charges, points, radial_reference
 
 from jfmm import configure
+from jfmm import tree as tree_
 from jfmm import kernels as K
 from jfmm.models import checked_order
 from jfmm.models import laplace3d as laplace3d_model
@@ -245,3 +246,21 @@ def test_row_top_keeps_ties(rng):
     v = np.round(rng.random((37, 300)) * 20) / 20
     got = np.asarray(laplace3d_model.row_top(jnp.asarray(v), 8))
     assert np.array_equal(np.sort(got, axis=1), np.sort(v, axis=1)[:, -8:])
+
+
+def test_within_at_samples(rng):
+    """The direct check at strided targets (`configure.within_at_samples`):
+    sums off the float64 numpy sum by 0.3 eps relative at every target
+    pass, by 0.7 eps do not, per column and for phi and grad apart."""
+    kernel, eps, n = K.Multiquadric(1.0), 1e-6, 700
+    x, q = points("cluster", n, rng, 3), charges(n, rng, 2)
+    tree = tree_.build(jnp.asarray(x), None, 2)
+    ref, gref = radial_reference(kernel, x, q)
+    sign = rng.choice([-1.0, 1.0], size=(n, 1))
+    off = 1 + eps * sign * np.array([0.3, 0.7])                  # (n, 2): per column
+    for phi, grad, want in ((ref * off, gref, [[True, False], [True, True]]),
+                            (ref, gref * off[..., None], [[True, True], [True, False]]),
+                            (ref * off, None, [[True, False], [True, True]])):
+        ok = configure.within_at_samples(eps, kernel, tree, jnp.asarray(q), jnp.asarray(phi),
+                                         None if grad is None else jnp.asarray(grad), "jnp")
+        assert np.array_equal(np.asarray(ok), want)
