@@ -141,16 +141,23 @@ def sample(rng, n: int, k: int = 1000) -> np.ndarray:
     return rng.choice(n, size=min(k, n), replace=False)
 
 
+REFERENCE_CHUNK = 2 ** 26
+
+
 def reference(x64, q64, y64):
     """3D Laplace potential and gradient at y64 by a float64 direct sum:
     numpy for small N, else jfmm.direct in float64 on the device (numpy took
-    minutes at 2^22 and more)."""
+    minutes at 2^22 and more), over chunks of REFERENCE_CHUNK sources."""
     if len(x64) <= 2 ** 18:
         return _reference.laplace3d(x64, q64, y64)
+    phi, grad = 0.0, 0.0
     with jax.enable_x64(True):
-        phi, grad = jfmm.direct(jnp.asarray(x64), jnp.asarray(q64), jnp.asarray(y64),
-                                gradient=True)
-        return np.asarray(phi), np.asarray(grad)
+        for s in range(0, len(x64), REFERENCE_CHUNK):        # memory O(chunk) on the device
+            p, g = jfmm.direct(jnp.asarray(x64[s:s + REFERENCE_CHUNK]),
+                               jnp.asarray(q64[s:s + REFERENCE_CHUNK]), jnp.asarray(y64),
+                               gradient=True)
+            phi, grad = phi + np.asarray(p), grad + np.asarray(g)
+    return phi, grad
 
 
 def _commit() -> str | None:
