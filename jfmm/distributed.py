@@ -422,9 +422,8 @@ def _adaptive_shard(src, q, src_leaf, tgt, tgt_leaf, tree, operators, *, config,
                                     x_tile=win(tree.x_tile), x_pos=win(tree.x_pos))
         loc = passes.adaptive_downward(share, mult, q_all, family, ops, kernel, p, mode,
                                        m2l=window, combine=combine)
-        coef = family.l2p_coefficients(loc, p, gradient)
         lphi, lgrad = backend.l2p(family, (tgt - tree.center[tgt_leaf]) / side[tgt_leaf][:, None],
-                                  coef, mine.tgt_start, tgt_leaf, side, p, gradient, mode)
+                                  loc, mine.tgt_start, tgt_leaf, side, p, gradient, mode)
         wphi, wgrad = passes.w_lists(share, mult, family, kernel, p, gradient, mode)
         mine_rows = functools.partial(jax.lax.psum_scatter, axis_name=axis, tiled=True)
         phi = phi + lphi + mine_rows(_pad(wphi, n_dev, False))

@@ -206,8 +206,7 @@ def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp",
     phi (M, K), grad (M, K, d) or None; leaves: as in `upward`."""
     h = tree.box_side(tree.depth)
     u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
-    coef = family.l2p_coefficients(loc, p, gradient)
-    return backend.l2p(family, u, coef, tree.tgt_start, tree.tgt_leaf, h, p, gradient, mode,
+    return backend.l2p(family, u, loc, tree.tgt_start, tree.tgt_leaf, h, p, gradient, mode,
                        leaves)
 
 
@@ -224,8 +223,7 @@ def gauss_transform(tree: Tree, q_sorted, kernel: kernels.Gaussian, family, p: i
     herm = herm if combine is None else combine(herm)
     loc = family.h2l(herm, scale * h, tree.depth, p)
     t = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) * scale
-    coef = family.l2p_coefficients(loc, p, gradient)
-    return backend.l2p(family, t, coef, tree.tgt_start, tree.tgt_leaf, 1 / scale, p, gradient,
+    return backend.l2p(family, t, loc, tree.tgt_start, tree.tgt_leaf, 1 / scale, p, gradient,
                        mode)
 
 
@@ -439,8 +437,7 @@ def _adaptive_far(tree: adaptive.AdaptiveTree, mult, loc, family, kernel, p: int
     side = tree.box_side(tree.level)
     leaf = tree.tgt_leaf
     u = (tree.tgt_sorted - tree.center[leaf]) / side[leaf][:, None]
-    coef = family.l2p_coefficients(loc, p, gradient)
-    into = backend.l2p(family, u, coef, tree.tgt_start, leaf, side, p, gradient, mode, busy)
+    into = backend.l2p(family, u, loc, tree.tgt_start, leaf, side, p, gradient, mode, busy)
     return w_lists(tree, mult, family, kernel, p, gradient, mode, into)
 
 

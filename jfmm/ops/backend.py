@@ -358,17 +358,26 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str, leaves: int | None = No
     return total
 
 
-def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str,
+def l2p(family, u, loc, start, leaf_of, h, p: int, gradient: bool, mode: str,
         leaves: int | None = None):
-    """Local expansions of the leaves at their sorted targets on backend
-    `mode`: phi (M, K), grad (M, K, d) or None. coef: (n_leaves, K, E, P)
-    from `family.l2p_coefficients`; h: the leaves' side, a scalar or one
-    per leaf (n_leaves,); leaves: as in `near_field`."""
+    """The leaves' local expansions loc (n_leaves, K, P) at their sorted
+    targets on backend `mode`: phi (M, K), grad (M, K, d) or None. h: the
+    leaves' side, a scalar or one per leaf (n_leaves,); leaves: as in
+    `near_field`. The sets the kernels evaluate (`family.l2p_coefficients`:
+    E = 1 + d per expansion with the gradient) are made, on the Pallas
+    path, per step of at most L2P_TILES tiles for the tiles' own leaves:
+    at 2^29 points (depth 8) those of every leaf at once took 72 GiB."""
     twin = _family_twin(family, p, mode)
     if twin is not None:
-        return tiles.in_steps(
-            lambda *t: twin.l2p(u, coef, start, h, p, gradient, mode == "interpret", tiles=t),
-            start, u.shape[0], twin.TILE, leaves)
+        def run(leaf, t0, t1):
+            coef = family.l2p_coefficients(jnp.take(loc, leaf, axis=0, mode="fill",
+                                                    fill_value=0), p, gradient)
+            sides = h if jnp.ndim(h) == 0 else jnp.take(h, leaf, mode="fill", fill_value=1)
+            own = jnp.arange(leaf.shape[0], dtype=leaf.dtype)       # tile i: coef[i]
+            return twin.l2p(u, coef, start, sides, p, gradient, mode == "interpret",
+                            tiles=(own, t0, t1))
+        return tiles.in_steps(run, start, u.shape[0], twin.TILE, leaves, max_tiles=L2P_TILES)
+    coef = family.l2p_coefficients(loc, p, gradient)
     m = u.shape[0]
     per_leaf = jnp.ndim(h) > 0
     c = _chunk(m, math.prod(coef.shape[1:]))
@@ -381,6 +390,11 @@ def l2p(family, u, coef, start, leaf_of, h, p: int, gradient: bool, mode: str,
         lambda x: family.l2p(x[0], coef[x[1]], h[x[1]] if per_leaf else h, p, gradient), (uc, lc))
     phi = phi.reshape((-1,) + phi.shape[2:])[:m]
     return phi, (grad.reshape((-1,) + grad.shape[2:])[:m] if gradient else None)
+
+
+# Tiles of one step of the Pallas L2P: their coefficient sets (p = 12,
+# potential and gradient: 2.3 kB a tile in float32) take about 2.4 GB.
+L2P_TILES = 2 ** 20
 
 
 # jfmm's own top-level GPU calls compile without XLA's Triton GEMM

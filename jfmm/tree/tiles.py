@@ -67,7 +67,8 @@ def until(count, total: int, chunk: int, body, init, first=0):
     return jax.lax.while_loop(more, step, (jnp.zeros((), jnp.int32), init))[1]
 
 
-def in_steps(run, start, n_points: int, tile: int, leaves: int | None, active=None):
+def in_steps(run, start, n_points: int, tile: int, leaves: int | None, active=None,
+             max_tiles: int | None = None):
     """run(leaf, t0, t1) (a pytree of sums over tiles, `leaf_tiles`) over
     every tile: at once, or, where `leaves` (static) bounds the leaves that
     hold points in most trees, in steps of the tiles that many leaves take,
@@ -76,8 +77,10 @@ def in_steps(run, start, n_points: int, tile: int, leaves: int | None, active=No
     not the tiles its slots could. active (nleaf + 1,) bool: only the tiles
     of these leaves, moved to the front, in steps of a sixteenth of the
     tiles (a device's sum from another's sources, which neighbour few of
-    its leaves). `run` is traced once, inside the loop: a GPU compiles each
-    Pallas kernel a trace holds while lowering it."""
+    its leaves). max_tiles (static): no step runs more tiles than this
+    (a run whose temporaries grow with its tiles). `run` is traced once,
+    inside the loop: a GPU compiles each Pallas kernel a trace holds while
+    lowering it."""
     nleaf = start.shape[0] - 2
     if active is not None:
         leaf, t0, t1 = leaf_tiles(start, n_points, tile)
@@ -93,10 +96,12 @@ def in_steps(run, start, n_points: int, tile: int, leaves: int | None, active=No
         part = lambda first: run(*(jax.lax.dynamic_slice_in_dim(a, first, step)  # noqa: E731
                                    for a in tiles))
         total = 16 * step
-    elif leaves is None or leaves >= nleaf:
-        return run(*leaf_tiles(start, n_points, tile))
     else:
-        step = tile_count(n_points, leaves, tile)
+        every = tile_count(n_points, nleaf, tile)
+        step = tile_count(n_points, min(nleaf, leaves or nleaf), tile)
+        step = step if max_tiles is None else min(step, max_tiles)
+        if step >= every:
+            return run(*leaf_tiles(start, n_points, tile))
         total = round_up(tile_count(n_points, nleaf, tile), step)
         used = _per_leaf(start, tile)[1][-1]
         part = lambda first: run(*leaf_tiles(start, n_points, tile, first=first,  # noqa: E731

@@ -157,8 +157,10 @@ def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False, tile
 
     u: (M, 3) sorted scaled target positions; coef: (n_leaves, K, E, P) from
     `laplace3d.l2p_coefficients`; start: (n_leaves + 2,) target leaf ranges;
-    h: leaf side, a scalar or one per leaf (n_leaves,); tiles: as in `p2m`.
-    Returns phi (M, K), grad (M, K, 3) or None, sorted order.
+    h: leaf side, a scalar or one per leaf (n_leaves,); tiles: as in `p2m`,
+    whose leaf entries index coef and h (one row a tile where a caller made
+    the sets per tile). Returns phi (M, K), grad (M, K, 3) or None, sorted
+    order.
     """
     m = u.shape[0]
     n_leaves, n_k, n_e, n_p = coef.shape
