@@ -88,11 +88,31 @@ def _fmm_eval(sources, charges, targets, kernel, check, config, gradient, mode):
                  gradient, mode)
 
 
+# The most points one device's sums have been measured right at (2^28 on
+# one H200, and a device's share of 2^29 on two); at 2^29 on one H200 they
+# came back inf, not out of memory, and the cause is not found.
+DEVICE_POINTS = 2 ** 28
+
+
+def _check_capacity(sources, targets, split: int = 1):
+    """ValueError where a device would hold more than DEVICE_POINTS of the
+    sources or targets (split: the devices they divide over)."""
+    most = max(x.shape[0] for x in (sources, targets) if x is not None) // split
+    if most > DEVICE_POINTS:
+        raise ValueError(
+            f"{most:,} points a device: jfmm's sums are measured right up to "
+            f"{DEVICE_POINTS:,} points a device and came back wrong at 2^29 on one "
+            f"GPU; split them over several devices (mesh=, counts that divide over it)")
+
+
 def _uniform_tree(sources, targets, depth: int, mesh=None):
     """The uniform tree, built over the mesh's devices (each holding its
     share of the points, `distributed.build`) where the point counts
     divide over it."""
-    if mesh is not None and _distributed.splits(mesh, sources, targets):
+    split = mesh is not None and _distributed.splits(mesh, sources, targets)
+    if depth:                                         # depth 0: the direct sum's one box
+        _check_capacity(sources, targets, mesh.devices.size if split else 1)
+    if split:
         return _distributed.build(sources, targets, depth, mesh)
     return _tree.build(sources, targets, depth)
 
@@ -101,6 +121,7 @@ def _adaptive_tree(sources, targets, leaf: int, build=_adaptive.build):
     """The adaptive tree of traced points: capacities from their shapes
     alone (`adaptive.bounded_capacities`), which hold any points. build:
     `_adaptive_jit` for concrete points (one program, not op by op)."""
+    _check_capacity(sources, targets)
     n = sources.shape[0] + (0 if targets is None else targets.shape[0])
     caps = _adaptive.bounded_capacities(n, sources.shape[1], leaf, sources.dtype,
                                         None if targets is None else targets.shape[0])

@@ -284,3 +284,20 @@ def test_a_plan_for_phi_refuses_gradients(rng):
     phi, grad = both.apply(q, gradient=True)
     ref, gref = radial_reference(kernel, np.asarray(x), np.asarray(q))
     assert max(rel(pl.apply(q), ref), rel(phi, ref), rel(grad, gref)) <= eps
+
+
+def test_more_points_a_device_than_measured_raise(monkeypatch):
+    """Above api.DEVICE_POINTS points a device (sources or targets) the
+    tree builds raise rather than sum (both trees, traced shapes alone);
+    the direct sum's one box does not."""
+    monkeypatch.setattr(api, "DEVICE_POINTS", 1000)
+    x, q = jax.ShapeDtypeStruct((1001, 3), jnp.float32), jax.ShapeDtypeStruct((1001,), jnp.float32)
+    y = jax.ShapeDtypeStruct((1000, 3), jnp.float32)
+    for tree in ("uniform", "adaptive"):
+        with pytest.raises(ValueError, match="points a device"):
+            jax.eval_shape(lambda a, c: jfmm.fmm(a, c, eps=1e-4, tree=tree), x, q)
+        with pytest.raises(ValueError, match="points a device"):
+            jax.eval_shape(lambda a, c, b: jfmm.fmm(a, c[:1000], b, eps=1e-4, tree=tree),
+                           y, q, x)
+    jax.eval_shape(lambda a, c: jfmm.fmm(a, c[:1000], eps=1e-4, tree="uniform"), y, q)
+    jax.eval_shape(lambda a, c: jfmm.direct(a, c), x, q)

@@ -335,3 +335,20 @@ def test_two_processes(rng):
     line = next(v for v in outs[0].splitlines() if v.startswith("errors"))
     errors = [float(v) for v in line.split()[1:]]
     assert max(errors) < 1e-6, line
+
+
+def test_points_a_device_over_the_mesh(monkeypatch):
+    """api.DEVICE_POINTS counts the points a device holds: 4,000 split
+    over 4 devices pass a bound of 1,000, 4,004 (which do not split, every
+    device holds them) do not."""
+    from jfmm import api
+    monkeypatch.setattr(api, "DEVICE_POINTS", 1000)
+    mesh = mesh_of(4)
+    for n, ok in ((4000, True), (4004, False)):
+        shapes = (jax.ShapeDtypeStruct((n, 3), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32))
+        call = lambda a, c: jfmm.fmm(a, c, eps=1e-4, tree="uniform", mesh=mesh)  # noqa: E731
+        if ok:
+            jax.eval_shape(call, *shapes)
+        else:
+            with pytest.raises(ValueError, match="points a device"):
+                jax.eval_shape(call, *shapes)
