@@ -84,18 +84,6 @@ def m2l_choice() -> str | pallas_m2l.Tiles:
     return _m2l
 
 
-# Every array of one Pallas call holds fewer elements than this: at 2^29
-# points on one H200 (depth 8: 34M P2M tiles of 144 values, 84M near-field
-# tiles of 59 indices) the sums came back inf, and right at 2^28 points a
-# device on two. The tiled calls run in steps of at most `pallas_tiles`.
-PALLAS_ELEMENTS = 2 ** 31 - 1
-
-
-def pallas_tiles(per_tile: int) -> int:
-    """The most tiles of `per_tile` elements one Pallas call takes."""
-    return PALLAS_ELEMENTS // per_tile
-
-
 def current() -> str:
     """The resolved mode: "jnp", "pallas" or "interpret"."""
     if _mode == "auto":
@@ -126,8 +114,7 @@ def near_field(kernel, tgt_sorted, tgt_start, src_sorted, q_sorted, src_start, n
                                          src_start, near, gradient and not curl, blocks=blocks,
                                          interpret=mode == "interpret", tiles=t, curl=curl,
                                          ranges=ranges),
-        tgt_start, m, blocks.targets, leaves, active,
-        max_tiles=pallas_tiles(max(5 + 2 * near.shape[-1], 6 * q_sorted.shape[1] * blocks.targets)))
+        tgt_start, m, blocks.targets, leaves, active)
     return (None, out) if curl else out
 
 
@@ -347,8 +334,7 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str, leaves: int | None = No
         tile = twin.p2m_tile(u.shape[0], start.shape[0] - 2)
         return tiles.in_steps(lambda *t: twin.p2m(u, q, start, p, mode == "interpret", tiles=t,
                                                   tile=tile),
-                              start, u.shape[0], tile, leaves,
-                              max_tiles=pallas_tiles(q.shape[1] * p * p))
+                              start, u.shape[0], tile, leaves)
     n_leaves = start.shape[0] - 2
     out = jax.eval_shape(lambda: family.p2m(u[:1], q[:1], p))
     lo, hi = MATERIALIZE.get(out.dtype.name, (0, 0))
@@ -390,10 +376,7 @@ def l2p(family, u, loc, start, leaf_of, h, p: int, gradient: bool, mode: str,
             own = jnp.arange(leaf.shape[0], dtype=leaf.dtype)       # tile i: coef[i]
             return twin.l2p(u, coef, start, sides, p, gradient, mode == "interpret",
                             tiles=(own, t0, t1))
-        sets = loc.shape[1] * (1 + u.shape[1] * gradient)
-        most = pallas_tiles(sets * max(twin.TILE, loc.shape[2]))
-        return tiles.in_steps(run, start, u.shape[0], twin.TILE, leaves,
-                              max_tiles=min(L2P_TILES, most))
+        return tiles.in_steps(run, start, u.shape[0], twin.TILE, leaves, max_tiles=L2P_TILES)
     coef = family.l2p_coefficients(loc, p, gradient)
     m = u.shape[0]
     per_leaf = jnp.ndim(h) > 0
