@@ -364,11 +364,13 @@ def l2p(family, u, loc, start, leaf_of, h, p: int, gradient: bool, mode: str,
     targets on backend `mode`: phi (M, K), grad (M, K, d) or None. h: the
     leaves' side, a scalar or one per leaf (n_leaves,); leaves: as in
     `near_field`. The sets the kernels evaluate (`family.l2p_coefficients`:
-    E = 1 + d per expansion with the gradient) are made, on the Pallas
-    path, per step of at most L2P_TILES tiles for the tiles' own leaves:
-    at 2^29 points (depth 8) those of every leaf at once took 72 GiB."""
+    1 + d per expansion with the gradient) are made for every leaf at once
+    up to L2P_VALUES values; above, on the Pallas path, per step of tiles
+    for the tiles' own leaves (at 2^29 points, depth 8, every leaf's took
+    72 GiB)."""
     twin = _family_twin(family, p, mode)
-    if twin is not None:
+    sets = loc.shape[1] * (1 + u.shape[1] * gradient)
+    if twin is not None and loc.shape[0] * sets * loc.shape[2] > L2P_VALUES:
         def run(leaf, t0, t1):
             coef = family.l2p_coefficients(jnp.take(loc, leaf, axis=0, mode="fill",
                                                     fill_value=0), p, gradient)
@@ -376,7 +378,13 @@ def l2p(family, u, loc, start, leaf_of, h, p: int, gradient: bool, mode: str,
             own = jnp.arange(leaf.shape[0], dtype=leaf.dtype)       # tile i: coef[i]
             return twin.l2p(u, coef, start, sides, p, gradient, mode == "interpret",
                             tiles=(own, t0, t1))
-        return tiles.in_steps(run, start, u.shape[0], twin.TILE, leaves, max_tiles=L2P_TILES)
+        return tiles.in_steps(run, start, u.shape[0], twin.TILE, leaves,
+                              max_tiles=L2P_VALUES // (sets * loc.shape[2]))
+    if twin is not None:
+        coef = family.l2p_coefficients(loc, p, gradient)
+        return tiles.in_steps(
+            lambda *t: twin.l2p(u, coef, start, h, p, gradient, mode == "interpret", tiles=t),
+            start, u.shape[0], twin.TILE, leaves)
     coef = family.l2p_coefficients(loc, p, gradient)
     m = u.shape[0]
     per_leaf = jnp.ndim(h) > 0
@@ -392,9 +400,10 @@ def l2p(family, u, loc, start, leaf_of, h, p: int, gradient: bool, mode: str,
     return phi, (grad.reshape((-1,) + grad.shape[2:])[:m] if gradient else None)
 
 
-# Tiles of one step of the Pallas L2P: their coefficient sets (p = 12,
-# potential and gradient: 2.3 kB a tile in float32) take about 2.4 GB.
-L2P_TILES = 2 ** 20
+# The most coefficient sets' values the Pallas L2P makes at once (and as
+# many again weighted for its kernel): every leaf's up to 2^24 points at p =
+# 12 (1.5e8), in steps of tiles above.
+L2P_VALUES = 2 ** 29
 
 
 # jfmm's own top-level GPU calls compile without XLA's Triton GEMM

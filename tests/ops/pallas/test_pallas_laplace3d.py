@@ -47,7 +47,7 @@ def test_p2m_l2p_match_jnp(kind, n_src, n_tgt, k, p, gradient, dtype, rolled, rn
     loc = jnp.asarray(rng.normal(size=(t.n_leaves, k, p * p)), dtype)
     v = (t.tgt_sorted - t.leaf_centers(t.tgt_leaf)) / h
     if kind == "cube":          # the L2P in steps of 5 tiles, coefficient sets made per step
-        monkeypatch.setattr(backend, "L2P_TILES", 5)
+        monkeypatch.setattr(backend, "L2P_VALUES", 5 * k * (1 + 3 * gradient) * p * p)
     args = (L, v, loc, t.tgt_start, t.tgt_leaf, h, p, gradient)
     want, got = backend.l2p(*args, "jnp"), backend.l2p(*args, "interpret", leaves)
     assert got[0].shape == want[0].shape and rel(got[0], want[0]) < tol
