@@ -570,10 +570,11 @@ def adaptive_jit(data, docs):
 
 def multi(data, docs):
     found = load_all(data, ["multi_emulated.json", "multi_emulated_plummer.json", "multi.json",
-                            "multi_emulated_ring.json", "multi_emulated_allgather_h200.json"])
+                            "multi_emulated_ring.json", "multi_emulated_allgather_h200.json",
+                            "multi_ring_h200x2.json"])
     if "multi_emulated.json" not in found:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4.8), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8.5, 5.2), constrained_layout=True)
     series = [("multi_emulated.json", "C0", "cube, uniform tree, points gathered", 5),
               ("multi_emulated_plummer.json", "C1", "Plummer, adaptive tree", -12),
               ("multi_emulated_allgather_h200.json", "C4", "cube, points gathered", 5),
@@ -592,10 +593,14 @@ def multi(data, docs):
             ax.annotate(f"{r['shard_ms']:.1f} ms, {r['mb_in']:.0f} MB in",
                         (r["devices"], r["shard_ms"]), textcoords="offset points",
                         xytext=(4, dy), fontsize=7)
-    if "multi.json" in found:
-        strong = [r for r in found["multi.json"][1] if r["scaling"] == "strong"]
-        ax.plot([r["devices"] for r in strong], [r["apply_ms"] for r in strong], "s-",
-                color="C3", label="measured on a mesh of GPUs (apply)")
+    measured = [("multi.json", "C3", "points gathered"),
+                ("multi_ring_h200x2.json", "C5", "each device its share")]
+    for name, color, label in measured:
+        if name in found:
+            strong = [r for r in found[name][1] if r["scaling"] == "strong"]
+            ax.plot([r["devices"] for r in strong], [r["apply_ms"] for r in strong], "s-",
+                    color=color, label=f"{label}: apply measured on a mesh of "
+                                       f"{found[name][0]['device']}s, N = {strong[0]['n']:,}")
     ax.set(xscale="log", yscale="log", xlabel="devices",
            ylabel="ms of one device's share (potential and gradient)")
     ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
@@ -603,8 +608,9 @@ def multi(data, docs):
     plain_y(ax)
     ax.legend(fontsize=7)
     ax.set_title("3D Laplace, float32, eps 1e-5: a device's share of the sharded sum, "
-                 "computed alone on one GPU\n" + where(env for env, _ in found.values()),
-                 fontsize=9)
+                 "emulated on one GPU and measured on a mesh\n"
+                 + where(env for env, _ in found.values()),
+                 fontsize=8)
     save(fig, docs, "multi.png")
     return True
 
