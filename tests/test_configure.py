@@ -251,16 +251,18 @@ def test_row_top_keeps_ties(rng):
 def test_within_at_samples(rng):
     """The direct check at strided targets (`configure.within_at_samples`):
     sums off the float64 numpy sum by 0.3 eps relative at every target
-    pass, by 0.7 eps do not, per column and for phi and grad apart."""
+    pass, by 0.7 eps do not, per column and for phi and grad apart (the
+    jnp scan and the Pallas sum, interpreted)."""
     kernel, eps, n = K.Multiquadric(1.0), 1e-6, 700
     x, q = points("cluster", n, rng, 3), charges(n, rng, 2)
     tree = tree_.build(jnp.asarray(x), None, 2)
     ref, gref = radial_reference(kernel, x, q)
     sign = rng.choice([-1.0, 1.0], size=(n, 1))
     off = 1 + eps * sign * np.array([0.3, 0.7])                  # (n, 2): per column
-    for phi, grad, want in ((ref * off, gref, [[True, False], [True, True]]),
-                            (ref, gref * off[..., None], [[True, True], [True, False]]),
-                            (ref * off, None, [[True, False], [True, True]])):
+    for phi, grad, want, mode in ((ref * off, gref, [[True, False], [True, True]], "jnp"),
+                                  (ref, gref * off[..., None], [[True, True], [True, False]],
+                                   "interpret"),
+                                  (ref * off, None, [[True, False], [True, True]], "jnp")):
         ok = configure.within_at_samples(eps, kernel, tree, jnp.asarray(q), jnp.asarray(phi),
-                                         None if grad is None else jnp.asarray(grad), "jnp")
+                                         None if grad is None else jnp.asarray(grad), mode)
         assert np.array_equal(np.asarray(ok), want)
