@@ -102,7 +102,7 @@ def in_steps(run, start, n_points: int, tile: int, leaves: int | None, active=No
         step = step if max_tiles is None else min(step, max_tiles)
         if step >= every:
             return run(*leaf_tiles(start, n_points, tile))
-        total = round_up(tile_count(n_points, nleaf, tile), step)
+        total = round_up(every, step)
         used = _per_leaf(start, tile)[1][-1]
         part = lambda first: run(*leaf_tiles(start, n_points, tile, first=first,  # noqa: E731
                                              count=step))
