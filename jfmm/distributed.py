@@ -384,9 +384,19 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
     out = tuple(o for o in pairs(me, src, q, True) if o is not None)
     out = _ring(visit, out, (src, q), axis, n_dev, others=True)
     if family is not None and depth >= 2:
-        mult = passes.upward(mine, q, family, ops, p, mode, combine=combine, leaves=busy)
-        window = functools.partial(_window_m2l, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
+        # Where D divides 2^d, each device's Morton window of a level's boxes
+        # holds the children of its window of the level above: M2M and L2L
+        # run on the windows alone, each level's multipoles are gathered for
+        # the M2L, and the leaves' locals once for the L2P.
+        nest = 2 ** dim % n_dev == 0
+        split = functools.partial(jax.lax.psum_scatter, axis_name=axis, tiled=True)
+        mult = passes.upward(mine, q, family, ops, p, mode, combine=split if nest else combine,
+                             leaves=busy)
+        window = functools.partial(_window_m2l, dim=dim, axis=axis, n_dev=n_dev, mode=mode,
+                                   windows=nest)
         loc = passes.downward(mine, mult, family, ops, kernel, p, mode, m2l=window)
+        if nest:
+            loc = jax.lax.all_gather(loc, axis, tiled=True)
         far = passes.leaf_l2p(mine, loc, family, p, gradient, mode, leaves=busy)
         out = tuple(a + f for a, f in zip(out, far) if f is not None)
     return _to_callers(out, tgt_perm, axis, n_dev)
@@ -448,21 +458,28 @@ def _outputs(result, gradient: bool):
     return (phi, grad) if gradient else (phi,)
 
 
-def _window_m2l(mult, level: int, mats, *, dim: int, axis: str, n_dev: int, mode: str):
+def _window_m2l(mult, level: int, mats, *, dim: int, axis: str, n_dev: int, mode: str,
+                windows: bool = False):
     """The M2L of one level of the dense grid (`_window_blocks` over its
-    blocks of siblings): locals of every box (2^(d level), K, P)."""
+    blocks of siblings): locals of every box (2^(d level), K, P) from the
+    multipoles of every box; windows: of this device's window of the boxes
+    from its window of the multipoles (D dividing the boxes of each level)."""
     nc = 2 ** dim
+    if windows:
+        mult = jax.lax.all_gather(mult, axis, tiled=True)
     grouped = mult.reshape((-1, nc) + mult.shape[1:])
     return _window_blocks(grouped, lists.neighbors(level - 1, dim), mats, dim=dim, axis=axis,
-                          n_dev=n_dev, mode=mode)
+                          n_dev=n_dev, mode=mode, gather=not windows)
 
 
-def _window_blocks(grouped, cols, mats, *, dim: int, axis: str, n_dev: int, mode: str):
+def _window_blocks(grouped, cols, mats, *, dim: int, axis: str, n_dev: int, mode: str,
+                   gather: bool = True):
     """`backend.m2l_blocks` with each device translating into a window of
-    ceil(t / D) of the t target blocks, all-gathered: (t 2^d, K, P)."""
+    ceil(t / D) of the t target blocks: that window's locals (ceil(t / D)
+    2^d, K, P), all-gathered where gather (t 2^d, K, P)."""
     t, b = cols.shape[0], grouped.shape[0]
     width = -(-t // n_dev)
     rows = jax.lax.axis_index(axis) * width + jnp.arange(width)
     mine = jnp.where(rows[:, None] < t, cols[jnp.minimum(rows, t - 1)], b)
     far = backend.m2l_blocks(grouped, mine, mats, dim, mode)
-    return jax.lax.all_gather(far, axis, tiled=True)[:t * 2 ** dim]
+    return jax.lax.all_gather(far, axis, tiled=True)[:t * 2 ** dim] if gather else far

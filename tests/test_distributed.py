@@ -105,7 +105,7 @@ def test_no_device_holds_every_point(rng):
     fn = jax.jit(jax.value_and_grad(energy))
     hlo = fn.lower(xs, qs).compile().as_text()
     moved = re.findall(r"= \w+\[(\d+)[\],][^=]*? (?:all-gather|all-to-all|collective-permute|"
-                       r"all-reduce)(?:-start)?\(", hlo)
+                       r"all-reduce|reduce-scatter)(?:-start)?\(", hlo)
     assert moved and max(int(r) for r in moved) <= max(n // n_dev, 8 ** 2), sorted(moved)[-5:]
     e, dx = fn(xs, qs)
     phi, grad = reference(x, q)

@@ -126,14 +126,15 @@ def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
     nc = 2 ** dim
     b, _, k, p = grouped.shape
     t = cols.shape[0]
-    grouped = jnp.concatenate([grouped, jnp.zeros((1, nc, k, p), grouped.dtype)])
+    # Block b (no children) gathers zeros: no copy of the level with a zero block appended.
+    take = lambda c: jnp.take(grouped, c, axis=0, mode="fill", fill_value=0)  # noqa: E731
     slots = lists.m2l_slots(dim)
     keep = np.flatnonzero((slots < len(lists.m2l_offsets(dim))).any(axis=(1, 2)))
     item = grouped.dtype.itemsize
     if len(keep) * nc * nc * p * p * item > GATHER_BYTES:
         def body(acc, xs):
             col, slot = xs
-            return acc + _product("bskq,scpq->bckp", grouped[col], mats[slot], bf16x6), None
+            return acc + _product("bskq,scpq->bckp", take(col), mats[slot], bf16x6), None
 
         init = jnp.zeros((t, nc, k, p), grouped.dtype)
         out, _ = jax.lax.scan(body, init, (cols.T[keep], jnp.asarray(slots[keep])))
@@ -146,7 +147,7 @@ def m2l_blocks(grouped, cols, mats, dim: int, bf16x6: bool = False):
     chunk = min(t, max(1, 2 ** int(np.log2(max(1, GATHER_BYTES // per_parent)))))
 
     def apply(c):                                       # (C, J) -> (C, 2^d, K, P)
-        return _product("bjskq,jscpq->bckp", grouped[c], w, bf16x6,
+        return _product("bjskq,jscpq->bckp", take(c), w, bf16x6,
                         per_position="bjskq,jscpq->jbckp")
 
     cols = cols[:, keep]
