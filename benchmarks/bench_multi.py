@@ -172,7 +172,8 @@ def shard_times(pl, q, n_dev: int, repeats: int) -> list[float]:
 def main():
     ap = parser(__doc__)
     ap.add_argument("--strong", type=int, default=24, help="log2 N of strong scaling")
-    ap.add_argument("--weak", type=int, default=22, help="log2 N per GPU of weak scaling")
+    ap.add_argument("--weak", type=int, default=22,
+                    help="log2 N per GPU of weak scaling (0: no weak scaling)")
     ap.add_argument("--emulate", default=None,
                     help="device counts to emulate on one GPU (1,2,4,8); else real meshes")
     ap.add_argument("--points", default="cube", choices=("cube", "plummer"),
@@ -202,7 +203,7 @@ def main():
                            efficiency=one["apply_ms"] / (d * max(shards))))
     else:
         counts = [d for d in (1, 2, 4, 8) if d <= gpus]
-        for scaling in ("strong", "weak"):
+        for scaling in ("strong", "weak") if args.weak else ("strong",):
             base = None
             for d in counts:
                 x, q = pointset(2 ** args.strong if scaling == "strong" else d * 2 ** args.weak)
