@@ -56,7 +56,10 @@ def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
     charges to the sorted order, the sources and charges round the ring and
     the results back (on adaptive trees the point all-gather), the ring
     all-reduce of the leaf (adaptive: every box's) multipoles, the
-    all-gathers of each level's locals, and on adaptive trees the all-reduce
+    all-gathers of each level's locals (on the uniform tree with D dividing
+    2^d as many bytes: a reduce-scatter of the leaf multipoles, the gathers
+    of each level's multipoles and of the leaf locals), and on adaptive
+    trees the all-reduce
     of the X lists' locals and the reduce-scatter of the W lists' sums
     (jfmm.distributed)."""
     cfg, tree = pl.config, pl.tree

@@ -571,7 +571,7 @@ def adaptive_jit(data, docs):
 def multi(data, docs):
     found = load_all(data, ["multi_emulated.json", "multi_emulated_plummer.json", "multi.json",
                             "multi_emulated_ring.json", "multi_emulated_allgather_h200.json",
-                            "multi_ring_h200x2.json"])
+                            "multi_ring_h200x2.json", "multi_h200x4.json"])
     if "multi_emulated.json" not in found:
         return False
     fig, ax = plt.subplots(figsize=(8.5, 5.2), constrained_layout=True)
@@ -594,13 +594,15 @@ def multi(data, docs):
                         (r["devices"], r["shard_ms"]), textcoords="offset points",
                         xytext=(4, dy), fontsize=7)
     measured = [("multi.json", "C3", "points gathered"),
-                ("multi_ring_h200x2.json", "C5", "each device its share")]
+                ("multi_ring_h200x2.json", "C5", "each device its share"),
+                ("multi_h200x4.json", "C6", "each device its share")]
     for name, color, label in measured:
         if name in found:
             strong = [r for r in found[name][1] if r["scaling"] == "strong"]
             ax.plot([r["devices"] for r in strong], [r["apply_ms"] for r in strong], "s-",
-                    color=color, label=f"{label}: apply measured on a mesh of "
-                                       f"{found[name][0]['device']}s, N = {strong[0]['n']:,}")
+                    color=color, label=f"{label}: apply measured on meshes of up to "
+                                       f"{strong[-1]['devices']} {found[name][0]['device']}s, "
+                                       f"N = {strong[0]['n']:,}")
     ax.set(xscale="log", yscale="log", xlabel="devices",
            ylabel="ms of one device's share (potential and gradient)")
     ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
@@ -612,6 +614,52 @@ def multi(data, docs):
                  + where(env for env, _ in found.values()),
                  fontsize=8)
     save(fig, docs, "multi.png")
+    return True
+
+
+def scaling(data, docs):
+    """Strong and weak scaling measured on a mesh of GPUs (bench_multi.py)."""
+    found = load_all(data, ["multi_h200x4.json", "multi_plummer_h200x4.json"])
+    if "multi_h200x4.json" not in found:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), constrained_layout=True)
+    ax = axes[0]
+    for name, color, label in (("multi_h200x4.json", "C0", "cube, uniform tree"),
+                               ("multi_plummer_h200x4.json", "C1", "Plummer, adaptive tree")):
+        if name not in found:
+            continue
+        rows = [r for r in found[name][1] if r["scaling"] == "strong"]
+        d = np.array([r["devices"] for r in rows])
+        ax.plot(d, rows[0]["total_ms"] / d, ":", color=color)
+        ax.plot(d, [r["total_ms"] for r in rows], "o-", color=color,
+                label=f"{label}, N = {rows[0]['n']:,} (dotted: perfect)")
+        for r in rows:
+            ax.annotate(f"{r['total_ms']:.1f} ms ({r['efficiency']:.2f})",
+                        (r["devices"], r["total_ms"]), textcoords="offset points",
+                        xytext=(5, 4), fontsize=7)
+    ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="ms a call",
+           title="strong scaling")
+    ax = axes[1]
+    rows = [r for r in found["multi_h200x4.json"][1] if r["scaling"] == "weak"]
+    d = np.array([r["devices"] for r in rows])
+    ax.plot(d, [r["total_ms"] for r in rows], "o-", color="C0",
+            label=f"cube, {rows[0]['n']:,} points a GPU, uniform tree")
+    ax.plot(d, [rows[0]["total_ms"]] * len(d), ":", color="C0")
+    for r in rows:
+        ax.annotate(f"{r['total_ms']:.1f} ms ({r['efficiency']:.2f}), depth {r['depth']}",
+                    (r["devices"], r["total_ms"]), textcoords="offset points",
+                    xytext=(-30, 6), fontsize=7)
+    ax.set(xscale="log", xlabel="GPUs", ylabel="ms a call", title="weak scaling",
+           ylim=(0, 1.25 * max(r["total_ms"] for r in rows)))
+    for ax in axes:
+        ax.set_xticks([1, 2, 4], ["1", "2", "4"])
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.legend(fontsize=7, loc="lower left" if ax is axes[0] else "upper left")
+    plain_y(axes[0])
+    fig.suptitle("3D Laplace, float32, eps 1e-5, potential and gradient: the jitted "
+                 "plan.update(x).apply(q) on a mesh of GPUs (efficiency in brackets)\n"
+                 + where(env for env, _ in found.values()), fontsize=8)
+    save(fig, docs, "scaling.png")
     return True
 
 
@@ -680,7 +728,7 @@ def rbf_cpu_peers(data, docs):
 
 FIGURES = (laplace_time, laplace_error, speedup, peers, rbf_fit, rbf_user, rbf_first,
            rbf_cpu_peers, crossover,
-           orders, adaptive, adaptive_jit, multi, compile_stages)
+           orders, adaptive, adaptive_jit, multi, scaling, compile_stages)
 
 
 def main():

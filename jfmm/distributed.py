@@ -17,12 +17,17 @@ results, and the tree's leaf table and expansions (O(N / D + leaves)):
     charges     to the sorted order, passing round the ring (`_ring`)
     near field  the sorted sources and charges pass round the ring; each
                 device sums each block's near neighbours of its targets
-    upward      P2M of its own sources into the leaf grid, one psum over
-                the mesh (a leaf cut by a range boundary gets both parts),
-                then M2M up on every device (the same on each, and cheap)
-    downward    M2L of 1/D of every level's boxes (equal Morton windows of
-                the dense grid, whose M2L costs the same per box),
-                all-gathered level by level, then L2L down on every device
+    upward      P2M of its own sources into the leaf grid, summed over
+                the mesh (a leaf cut by a range boundary gets both parts):
+                where D divides 2^d, reduce-scattered to equal Morton
+                windows of the boxes (a window's parents are the window
+                above) and M2M up each device's windows; else one psum and
+                M2M up the whole grid on every device
+    downward    M2L into 1/D of every level's boxes (the same windows; the
+                dense grid's M2L costs the same per box) from the level's
+                multipoles gathered, L2L down the windows, the leaves'
+                locals gathered once (else the locals gathered level by
+                level and L2L down on every device)
     evaluate    L2P at its own targets; the results pass round the ring to
                 the caller's order (`unsort` likewise for the tangents of
                 moved points)
@@ -43,8 +48,8 @@ Bytes received per device and call on the uniform tree, D devices, N
 sources, K charge columns, leaf grid of B boxes with P coefficients (E
 after the family's M2L basis), s bytes a value: about (D-1)/D [N (d + 2K)
 + M K (1 + d) + 2 B K P + 8/7 B K E] s (the charges to the sorted order,
-the sources and charges round the ring, the results back, a ring
-all-reduce of the leaf multipoles, the all-gathers of the locals); an
+the sources and charges round the ring, the results back, the leaf
+multipoles summed and every level's multipoles or locals gathered); an
 adaptive tree adds its targets' coordinates, the all-reduce of the X
 lists' locals and the reduce-scatter of the W lists' sums, with B its box
 count (8/7 is 2^d / (2^d - 1) in 3D: the levels above the leaves). The
