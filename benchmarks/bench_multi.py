@@ -57,8 +57,9 @@ def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
     the results back (on adaptive trees the point all-gather), the ring
     all-reduce of the leaf (adaptive: every box's) multipoles, the
     all-gathers of each level's locals (on the uniform tree with D dividing
-    2^d as many bytes: a reduce-scatter of the leaf multipoles, the gathers
-    of each level's multipoles and of the leaf locals), and on adaptive
+    2^d: a reduce-scatter of the leaf multipoles, the gather of the leaf
+    locals, and the multipoles of the parents bordering each device's box
+    of each level), and on adaptive
     trees the all-reduce
     of the X lists' locals and the reduce-scatter of the W lists' sums
     (jfmm.distributed)."""
@@ -81,6 +82,12 @@ def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
         basis = cfg.family.m2l_basis(pl.ops)
         comp = coef if basis is None else basis.shape[0]
         total += (2 * boxes * coef + windowed * comp) * k * s
+        nc = 2 ** tree.dim
+        if cfg.tree != "adaptive" and n_dev > 1 and nc % n_dev == 0:
+            # The M2L's multipoles: the parents bordering each device's box alone.
+            halo = sum(sum(distributed.halo_counts(lv - 1, tree.dim, n_dev))
+                       for lv in range(2, cfg.depth + 1))
+            total += (nc * halo / share - windowed) * comp * k * s
         if cfg.tree == "adaptive":    # the X lists' locals summed, the W lists' sums scattered
             total += (2 * boxes * coef + tree.tgt_sorted.shape[0] * (1 + tree.dim)) * k * s
     return share * total / 1e6

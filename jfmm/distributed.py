@@ -24,10 +24,13 @@ results, and the tree's leaf table and expansions (O(N / D + leaves)):
                 above) and M2M up each device's windows; else one psum and
                 M2M up the whole grid on every device
     downward    M2L into 1/D of every level's boxes (the same windows; the
-                dense grid's M2L costs the same per box) from the level's
-                multipoles gathered, L2L down the windows, the leaves'
-                locals gathered once (else the locals gathered level by
-                level and L2L down on every device)
+                dense grid's M2L costs the same per box): where the
+                windows nest, a window is a box of the grid and its
+                device receives the multipoles of the parents around it
+                alone (`_halo_m2l`), L2L runs down the windows and the
+                leaves' locals are gathered once; else each level's
+                multipoles whole, its locals gathered, L2L down on every
+                device
     evaluate    L2P at its own targets; the results pass round the ring to
                 the caller's order (`unsort` likewise for the tangents of
                 moved points)
@@ -49,7 +52,9 @@ sources, K charge columns, leaf grid of B boxes with P coefficients (E
 after the family's M2L basis), s bytes a value: about (D-1)/D [N (d + 2K)
 + M K (1 + d) + 2 B K P + 8/7 B K E] s (the charges to the sorted order,
 the sources and charges round the ring, the results back, the leaf
-multipoles summed and every level's multipoles or locals gathered); an
+multipoles summed, every level's locals or multipoles gathered; where D
+divides 2^d the last term is the leaf locals' B K P plus, for the M2L,
+the multipoles of the parents bordering each device's box alone); an
 adaptive tree adds its targets' coordinates, the all-reduce of the X
 lists' locals and the reduce-scatter of the W lists' sums, with B its box
 count (8/7 is 2^d / (2^d - 1) in 3D: the levels above the leaves). The
@@ -66,12 +71,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jfmm import passes
 from jfmm._compat import Tracer
 from jfmm.ops import backend, p2p
-from jfmm.tree import Tree, adaptive, lists, tiles, uniform
+from jfmm.tree import Tree, adaptive, lists, morton, tiles, uniform
 
 
 def check_mesh(mesh) -> Mesh:
@@ -468,13 +474,111 @@ def _window_m2l(mult, level: int, mats, *, dim: int, axis: str, n_dev: int, mode
     """The M2L of one level of the dense grid (`_window_blocks` over its
     blocks of siblings): locals of every box (2^(d level), K, P) from the
     multipoles of every box; windows: of this device's window of the boxes
-    from its window of the multipoles (D dividing the boxes of each level)."""
+    from its window of the multipoles (D dividing 2^d, `_halo_m2l`)."""
     nc = 2 ** dim
-    if windows:
-        mult = jax.lax.all_gather(mult, axis, tiled=True)
     grouped = mult.reshape((-1, nc) + mult.shape[1:])
+    if windows and n_dev > 1:
+        return _halo_m2l(grouped, level, mats, dim=dim, axis=axis, n_dev=n_dev, mode=mode)
     return _window_blocks(grouped, lists.neighbors(level - 1, dim), mats, dim=dim, axis=axis,
                           n_dev=n_dev, mode=mode, gather=not windows)
+
+
+@functools.lru_cache(maxsize=None)
+def _window_boxes(parent_level: int, dim: int, n_dev: int) -> np.ndarray:
+    """(D, 2, d) int32: the box [lo, hi) of parent boxes (coordinates at
+    parent_level >= 1) that each device's equal Morton window covers, D
+    dividing 2^d: its 2^d / D consecutive octants of the root."""
+    g, per = 2 ** parent_level, 2 ** dim // n_dev
+    boxes = np.zeros((n_dev, 2, dim), np.int32)
+    for j in range(n_dev):
+        bits = (np.arange(j * per, (j + 1) * per)[:, None] >> np.arange(dim)) & 1
+        for a in range(dim):
+            lo, hi = bits[:, a].min(), bits[:, a].max()
+            boxes[j, :, a] = (0, g) if lo != hi else (lo * g // 2, (lo + 1) * g // 2)
+    return boxes
+
+
+def _dilated(boxes: np.ndarray, g: int):
+    """Boxes grown by one parent box on every side, within [0, g)."""
+    return np.stack([np.maximum(boxes[:, 0] - 1, 0), np.minimum(boxes[:, 1] + 1, g)], axis=1)
+
+
+@functools.lru_cache(maxsize=None)
+def halo_counts(parent_level: int, dim: int, n_dev: int) -> tuple[int, ...]:
+    """Parents a device sends in each step k = 1 .. D-1 of `_halo_m2l`
+    (to the device k after it): the largest overlap of a device's box
+    with the grown box of the device k after it, over the devices."""
+    boxes = _window_boxes(parent_level, dim, n_dev)
+    grown = _dilated(boxes, 2 ** parent_level)
+    out = []
+    for k in range(1, n_dev):
+        other = np.roll(grown, -k, axis=0)
+        over = np.maximum(np.minimum(boxes[:, 1], other[:, 1])
+                          - np.maximum(boxes[:, 0], other[:, 0]), 0)
+        out.append(int(np.prod(over, axis=1).max()))
+    return tuple(out)
+
+
+def _overlap(a, b):
+    """The box where boxes a and b (..., 2, d) overlap: lo, hi (hi >= lo)."""
+    lo = jnp.maximum(a[..., 0, :], b[..., 0, :])
+    return lo, jnp.maximum(jnp.minimum(a[..., 1, :], b[..., 1, :]), lo)
+
+
+def _cells(lo, hi, count: int):
+    """(count, d) the cells of box [lo, hi) in raster order (axis 0
+    fastest), and (count,) which of them are in it (the rest pad)."""
+    ext = hi - lo
+    m = jnp.arange(count, dtype=jnp.int32)
+    coords, rest = [], m
+    for a in range(lo.shape[0]):
+        e = jnp.maximum(ext[a], 1)
+        coords.append(lo[a] + rest % e)
+        rest = rest // e
+    return jnp.stack(coords, axis=-1), m < jnp.prod(ext)
+
+
+def _halo_m2l(grouped, level: int, mats, *, dim: int, axis: str, n_dev: int, mode: str):
+    """The M2L into this device's window of target parents at level - 1
+    (a box of the parent grid, `_window_boxes`) from its window of the
+    multipoles (grouped: (w, 2^d, K, P)) and those of the parents around
+    it, which the other devices send (one `lax.ppermute` a ring distance,
+    only the parents the receiver's box borders): (w 2^d, K, P), locals
+    of its window. The multipoles sit in a local grid over the box grown
+    by one parent (raster order); a device never holds a whole level."""
+    pl, w = level - 1, grouped.shape[0]
+    g = 2 ** pl
+    boxes = _window_boxes(pl, dim, n_dev)
+    grown = _dilated(boxes, g)
+    ext = (grown[:, 1] - grown[:, 0]).max(axis=0)                  # (d,) local grid
+    size = int(np.prod(ext))
+    strides = jnp.asarray(np.cumprod(np.concatenate([[1], ext[:-1]])), jnp.int32)
+    me = jax.lax.axis_index(axis)
+    box, near = jnp.asarray(boxes), jnp.asarray(grown)
+
+    def slots(coords):                                              # raster in my grown box
+        return jnp.sum((coords - near[me, 0]) * strides, axis=-1)
+
+    own = morton.decode(me * w + jnp.arange(w, dtype=jnp.int32), pl, dim)
+    local = jnp.zeros((size,) + grouped.shape[1:], grouped.dtype).at[slots(own)].set(
+        grouped, unique_indices=True)
+    for k, count in enumerate(halo_counts(pl, dim, n_dev), start=1):
+        if count == 0:
+            continue
+        # Sent: my parents in the grown box of device me + k, in its raster order.
+        cells, valid = _cells(*_overlap(box[me], near[(me + k) % n_dev]), count)
+        rows = jnp.where(valid, morton.encode(cells, pl) - me * w, w)
+        block = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
+        block = jax.lax.ppermute(block, axis, [(i, (i + k) % n_dev) for i in range(n_dev)])
+        # Received: device me - k's parents in my grown box, in the same order.
+        cells, valid = _cells(*_overlap(box[(me - k) % n_dev], near[me]), count)
+        local = local.at[jnp.where(valid, slots(cells), size)].set(block, mode="drop",
+                                                                    unique_indices=True)
+    disp = jnp.asarray(lists.near_displacements(dim))
+    nb = own[:, None, :] + disp[None]                               # (w, 3^d, d)
+    inside = jnp.all((nb >= 0) & (nb < g), axis=-1)
+    cols = jnp.where(inside, slots(nb), size)
+    return backend.m2l_blocks(local, cols, mats, dim, mode)
 
 
 def _window_blocks(grouped, cols, mats, *, dim: int, axis: str, n_dev: int, mode: str,
