@@ -59,10 +59,8 @@ def traffic_mb(pl, n_dev: int, k: int = 1) -> float:
     all-gathers of each level's locals (on the uniform tree with D dividing
     2^d: a reduce-scatter of the leaf multipoles, the gather of the leaf
     locals, and the multipoles of the parents bordering each device's box
-    of each level), and on adaptive
-    trees the all-reduce
-    of the X lists' locals and the reduce-scatter of the W lists' sums
-    (jfmm.distributed)."""
+    of each level), and on adaptive trees the all-reduce of the X lists'
+    locals and the reduce-scatter of the W lists' sums (jfmm.distributed)."""
     cfg, tree = pl.config, pl.tree
     share = (n_dev - 1) / n_dev
     s = tree.src_sorted.dtype.itemsize

@@ -396,9 +396,9 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
     out = _ring(visit, out, (src, q), axis, n_dev, others=True)
     if family is not None and depth >= 2:
         # Where D divides 2^d, each device's Morton window of a level's boxes
-        # holds the children of its window of the level above: M2M and L2L
-        # run on the windows alone, each level's multipoles are gathered for
-        # the M2L, and the leaves' locals once for the L2P.
+        # holds the children of its window of the level above: M2M, M2L and
+        # L2L run on the windows (the M2L with the parents around its box,
+        # `_halo_m2l`), and the leaves' locals are gathered once for the L2P.
         nest = 2 ** dim % n_dev == 0
         split = functools.partial(jax.lax.psum_scatter, axis_name=axis, tiled=True)
         mult = passes.upward(mine, q, family, ops, p, mode, combine=split if nest else combine,
