@@ -210,7 +210,12 @@ def fmm(sources, charges, targets=None, kernel=_kernels.Laplace3D(), eps=None,
     eps on such charges at 8,192 and 2^20 points, where the order for
     unknown charges erred up to 17 eps), and in float32, whose rounding is
     relative to the terms summed, cancelling charges raise where rounding
-    alone would exceed eps (use float64). Inside jit, under vmap or grad
+    alone would exceed eps (use float64). The fast Gauss transform likewise
+    chooses its order for known charges that cancel at those targets more
+    than random ones would (`hermite.Cancellation`: random charges on
+    clustered sources, summed at targets apart, had erred up to 3.6 eps
+    in 1% of draws); later eager calls with new charges on the same
+    points keep the order. Inside jit, under vmap or grad
     with respect to the charges, and in plans made without `charges=`, the
     order is chosen for charges that do not cancel by construction, and
     the sums check their own charges (`configure.checked`): from phi and

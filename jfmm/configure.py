@@ -429,7 +429,8 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     family's model then chooses for the larger of the two errors).
     Kernel parameters differentiated eagerly (jax.grad outside jit) choose
     by their values (`known_kernel`). charged: the moments of the charges
-    to be summed (`charged`), for the Chebyshev family's estimate."""
+    to be summed (`charged`), for the Chebyshev family's estimate, or
+    their `hermite.Cancellation` for the fast Gauss transform's."""
     kernel = known_kernel(kernel)
     n_src, dim = sources.shape
     n_tgt = n_src if targets is None else targets.shape[0]
@@ -448,13 +449,14 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     # for the models that use them; None for traced points or parameters.
     if sample is False:
         sample = _pair_sample(sources, targets) if _sampled(kernel, dim, order, family) else None
+    cancel = charged if isinstance(charged, hermite_model.Cancellation) else None
     points = Points(n_src, n_tgt, n_src + (0 if targets is None else n_tgt), dim, leaf_size,
-                    sample, charged=charged)
+                    sample, charged=None if cancel is not None else charged)
     gauss = None
     if family == "hermite" or (family == "auto" and gaussian and order is None and eps
                                >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name]):
         gauss = hermite_model.choose(kernel, eps, dtype, points, order, gradient,
-                                      explicit=family == "hermite")
+                                      explicit=family == "hermite", cancel=cancel)
     if family == "hermite":
         return Config(gauss_family(dim), gauss.order, gauss.depth, eps, gradient)
     if family == "auto" and _cored(kernel, dim):    # its own eps for the series' order
@@ -625,16 +627,26 @@ def uses_charges(kernel, sources, targets, family, order, eps=None, leaf_size=No
     fam = _check_family(family)
     (n_src, dim), dtype = sources.shape, sources.dtype
     n_tgt = n_src if targets is None else targets.shape[0]
+    eps = default_eps(kernel, dim, dtype, fam) if eps is None else eps
+    chebyshev = (fam != "hermite" and _tree_family(kernel, dim, fam)[1] is chebyshev_model
+                 and not (fam == "auto" and (_cored(kernel, dim)
+                                             or isinstance(kernel, _kernels.Gaussian))))
     # The parameters' values, not Kernel.is_concrete: that evaluates the
     # kernel, a device call on every eager call.
-    return (order is None and fam != "hermite"
+    return (order is None and (chebyshev or _gauss_charged(kernel, fam, dtype, eps))
             and all(concrete(v) for v in jax.tree_util.tree_leaves(kernel))
-            and _tree_family(kernel, dim, fam)[1] is chebyshev_model
-            and not (fam == "auto" and (_cored(kernel, dim)
-                                        or isinstance(kernel, _kernels.Gaussian)))
-            and not _direct(kernel, dim, dtype, n_src, n_tgt,
-                            default_eps(kernel, dim, dtype, fam) if eps is None else eps,
-                            order, leaf_size, family, tree))
+            and not _direct(kernel, dim, dtype, n_src, n_tgt, eps, order, leaf_size, family,
+                            tree))
+
+
+def _gauss_charged(kernel, family: str, dtype, eps: float) -> bool:
+    """Whether the fast Gauss transform is chosen for these charges
+    (`hermite.Cancellation`): asked for, or a Gaussian under "auto" at an
+    eps it may reach."""
+    return isinstance(kernel, _kernels.Gaussian) and (
+        family == "hermite"
+        or family == "auto" and eps >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name])
+
 
 
 def charge_moments(kernel, sources, q, targets=None):
@@ -658,12 +670,12 @@ def _charge_log_moments(kernel, sources, q, targets, mode):
 def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None,
             tree="auto"):
     """The Chebyshev estimate's moments for charges q (N, K) of the points'
-    dtype (rounded down), or None where they are not used: a caller's
-    order, traced kernel parameters, points or charges, a family other
-    than Chebyshev, or a Gaussian under "auto" (the fast Gauss transform's
-    model stands, within eps on moment-free charges too: docs/BENCHMARKS.md),
-    and below the direct sum's crossover (`uses_charges`). sources and
-    targets: jax arrays of floats (otherwise None is returned)."""
+    dtype (rounded down), for the fast Gauss transform their
+    `hermite.Cancellation` (rounded up), or None where they are not used:
+    a caller's order, traced kernel parameters, points or charges, a
+    family other than these, and below the direct sum's crossover
+    (`uses_charges`). sources and targets: jax arrays of floats
+    (otherwise None is returned)."""
     pts = [sources] + ([] if targets is None else [targets])
     if (_compat.tracing() or not concrete(q)
             or not all(isinstance(x, jax.Array) and concrete(x)
@@ -671,10 +683,52 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
             or not uses_charges(kernel, sources, targets, family, order, eps, leaf_size,
                                 tree)):
         return None
-    moments = charge_moments(known_kernel(kernel), sources, q, targets)
+    kernel = known_kernel(kernel)
+    if isinstance(kernel, _kernels.Gaussian):
+        ratios = _gauss_ratios(kernel, sources, q, sources if targets is None else targets)
+        # Up to a power of sqrt(2), at least 1: like charges share a configuration.
+        return hermite_model.Cancellation(*(
+            1.0 if not r > 1 else float(2.0 ** (np.ceil(2 * np.log2(r)) / 2)) if np.isfinite(r)
+            else np.inf for r in np.asarray(ratios, np.float64)))
+    moments = charge_moments(kernel, sources, q, targets)
     if moments is None or not all(np.isfinite(m) and m > 0 for m in moments):
         return None
     return tuple(float(2.0 ** (np.floor(2 * np.log2(m)) / 2)) for m in moments)
+
+
+def _gauss_ratios(kernel, sources, q, targets):
+    """(phi, grad): the largest over charge columns of ||sqrt(sum_j q_j^2
+    K_ij^2)|| / ||phi|| at chebyshev.CHARGE_TARGETS strided targets (the
+    norm over them), and likewise with the gradient's |grad K|: float32
+    sums (a ratio is wanted), one jitted call."""
+    f32 = jnp.float32
+    return _gauss_ratio_sums(kernel, sources.astype(f32), q.astype(f32),
+                             targets.astype(f32), backend.current())
+
+
+@functools.partial(jax.jit, static_argnames=("mode",))
+def _gauss_ratio_sums(kernel, sources, q, targets, mode):
+    """`_gauss_ratios` by the direct sum's kernels: K^2 is the Gaussian of
+    sqrt(2) epsilon, and |grad K|^2 = 4 epsilon^4 |y - x|^2 K^2, whose sum
+    expands into the sums of q^2, q^2 x and q^2 |x|^2 against K^2."""
+    y = strided(targets, chebyshev_model.CHARGE_TARGETS)
+    # jnp: the light scan (faster to compile and, at 256 targets, to run); else Pallas
+    dense = p2p.dense_few if mode == "jnp" else functools.partial(backend.dense, mode=mode)
+    phi, grad = dense(kernel, y, sources, q, True)
+    k, d = q.shape[1], sources.shape[1]
+    q2 = q * q                                                        # (N, K)
+    r2x = jnp.sum(sources * sources, axis=1)
+    weights = jnp.concatenate([q2, (q2[:, :, None] * sources[:, None, :]).reshape(-1, k * d),
+                               q2 * r2x[:, None]], axis=1)
+    eps = jnp.asarray(kernel.epsilon, y.dtype)
+    s = dense(type(kernel)(eps * np.float32(np.sqrt(2.0))), y, sources, weights, False)[0]
+    rs, sx, sr = s[:, :k], s[:, k:k + k * d].reshape(-1, k, d), s[:, k + k * d:]
+    e2 = eps * eps
+    rsg = 4 * e2 * e2 * (jnp.sum(y * y, axis=1)[:, None] * rs
+                         - 2 * jnp.einsum("md,mkd->mk", y, sx) + sr)
+    norm = lambda a: jnp.sqrt(jnp.sum(a * a, axis=tuple(i for i in range(a.ndim) if i != 1)))  # noqa: E731
+    return (jnp.max(jnp.sqrt(jnp.sum(rs, axis=0)) / norm(phi)),
+            jnp.max(jnp.sqrt(jnp.sum(jnp.maximum(rsg, 0), axis=0)) / norm(grad)))
 
 
 def checked(config: Config, check, kernel, tree, charges, phi, grad=None, mode="jnp"):
