@@ -648,7 +648,6 @@ def _gauss_charged(kernel, family: str, dtype, eps: float) -> bool:
         or family == "auto" and eps >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name])
 
 
-
 def charge_moments(kernel, sources, q, targets=None):
     """`chebyshev.least_moments` of charges q (N, K): their sums at
     chebyshev.CHARGE_TARGETS strided targets (None: the sources) over
@@ -726,9 +725,10 @@ def _gauss_ratio_sums(kernel, sources, q, targets, mode):
     e2 = eps * eps
     rsg = 4 * e2 * e2 * (jnp.sum(y * y, axis=1)[:, None] * rs
                          - 2 * jnp.einsum("md,mkd->mk", y, sx) + sr)
-    norm = lambda a: jnp.sqrt(jnp.sum(a * a, axis=tuple(i for i in range(a.ndim) if i != 1)))  # noqa: E731
-    return (jnp.max(jnp.sqrt(jnp.sum(rs, axis=0)) / norm(phi)),
-            jnp.max(jnp.sqrt(jnp.sum(jnp.maximum(rsg, 0), axis=0)) / norm(grad)))
+    phi_norm = jnp.sqrt(jnp.sum(phi * phi, axis=0))                   # (K,)
+    grad_norm = jnp.sqrt(jnp.sum(grad * grad, axis=(0, 2)))
+    return (jnp.max(jnp.sqrt(jnp.sum(rs, axis=0)) / phi_norm),
+            jnp.max(jnp.sqrt(jnp.sum(jnp.maximum(rsg, 0), axis=0)) / grad_norm))
 
 
 def checked(config: Config, check, kernel, tree, charges, phi, grad=None, mode="jnp"):
