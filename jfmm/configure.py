@@ -36,7 +36,7 @@ from jfmm.models import chebyshev as chebyshev_model
 from jfmm.models import hermite as hermite_model
 from jfmm.models import laplace2d as laplace2d_model
 from jfmm.models import laplace3d as laplace3d_model
-from jfmm.ops import backend, chebyshev, hermite, laplace2d, laplace3d, p2p
+from jfmm.ops import backend, chebyshev, hermite, laplace2d, laplace3d
 from jfmm.tree import lists
 
 FAMILIES = ("auto", "chebyshev", "hermite")
@@ -453,8 +453,7 @@ def resolve(sources, targets, kernel, eps, leaf_size, order, family, sample=Fals
     points = Points(n_src, n_tgt, n_src + (0 if targets is None else n_tgt), dim, leaf_size,
                     sample, charged=None if cancel is not None else charged)
     gauss = None
-    if family == "hermite" or (family == "auto" and gaussian and order is None and eps
-                               >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name]):
+    if _tries_gauss(kernel, family, dtype, eps) and (family == "hermite" or order is None):
         gauss = hermite_model.choose(kernel, eps, dtype, points, order, gradient,
                                       explicit=family == "hermite", cancel=cancel)
     if family == "hermite":
@@ -633,16 +632,16 @@ def uses_charges(kernel, sources, targets, family, order, eps=None, leaf_size=No
                                              or isinstance(kernel, _kernels.Gaussian))))
     # The parameters' values, not Kernel.is_concrete: that evaluates the
     # kernel, a device call on every eager call.
-    return (order is None and (chebyshev or _gauss_charged(kernel, fam, dtype, eps))
+    return (order is None and (chebyshev or _tries_gauss(kernel, fam, dtype, eps))
             and all(concrete(v) for v in jax.tree_util.tree_leaves(kernel))
             and not _direct(kernel, dim, dtype, n_src, n_tgt, eps, order, leaf_size, family,
                             tree))
 
 
-def _gauss_charged(kernel, family: str, dtype, eps: float) -> bool:
-    """Whether the fast Gauss transform is chosen for these charges
-    (`hermite.Cancellation`): asked for, or a Gaussian under "auto" at an
-    eps it may reach."""
+def _tries_gauss(kernel, family: str, dtype, eps: float) -> bool:
+    """Whether `resolve` tries the fast Gauss transform (given no order):
+    asked for, or a Gaussian under "auto" at an eps it may reach; its
+    charges are then measured (`hermite.Cancellation`)."""
     return isinstance(kernel, _kernels.Gaussian) and (
         family == "hermite"
         or family == "auto" and eps >= hermite_model.ROUNDING_FLOOR[jnp.dtype(dtype).name])
@@ -685,10 +684,10 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
     kernel = known_kernel(kernel)
     if isinstance(kernel, _kernels.Gaussian):
         ratios = _gauss_ratios(kernel, sources, q, sources if targets is None else targets)
-        # Up to a power of sqrt(2), at least 1: like charges share a configuration.
-        return hermite_model.Cancellation(*(
-            1.0 if not r > 1 else float(2.0 ** (np.ceil(2 * np.log2(r)) / 2)) if np.isfinite(r)
-            else np.inf for r in np.asarray(ratios, np.float64)))
+        # Up to a power of sqrt(2), at least 1 (NaN: 1): like charges share a configuration.
+        return hermite_model.Cancellation(*(float(2.0 ** (np.ceil(2 * np.log2(r)) / 2))
+                                            if r > 1 else 1.0
+                                            for r in np.asarray(ratios, np.float64)))
     moments = charge_moments(kernel, sources, q, targets)
     if moments is None or not all(np.isfinite(m) and m > 0 for m in moments):
         return None
@@ -698,21 +697,19 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
 def _gauss_ratios(kernel, sources, q, targets):
     """(phi, grad): the largest over charge columns of ||sqrt(sum_j q_j^2
     K_ij^2)|| / ||phi|| at chebyshev.CHARGE_TARGETS strided targets (the
-    norm over them), and likewise with the gradient's |grad K|: float32
-    sums (a ratio is wanted), one jitted call."""
-    f32 = jnp.float32
-    return _gauss_ratio_sums(kernel, sources.astype(f32), q.astype(f32),
-                             targets.astype(f32), backend.current())
+    norm over them), and likewise with the gradient's |grad K|."""
+    return _gauss_ratio_sums(kernel, sources, q, targets, backend.current())
 
 
 @functools.partial(jax.jit, static_argnames=("mode",))
 def _gauss_ratio_sums(kernel, sources, q, targets, mode):
-    """`_gauss_ratios` by the direct sum's kernels: K^2 is the Gaussian of
-    sqrt(2) epsilon, and |grad K|^2 = 4 epsilon^4 |y - x|^2 K^2, whose sum
-    expands into the sums of q^2, q^2 x and q^2 |x|^2 against K^2."""
-    y = strided(targets, chebyshev_model.CHARGE_TARGETS)
-    # jnp: the light scan (faster to compile and, at 256 targets, to run); else Pallas
-    dense = p2p.dense_few if mode == "jnp" else functools.partial(backend.dense, mode=mode)
+    """`_gauss_ratios` in float32 (a ratio is wanted) by the direct sum's
+    kernels: K^2 is the Gaussian of sqrt(2) epsilon, and |grad K|^2 = 4
+    epsilon^4 |y - x|^2 K^2, whose sum expands into the sums of q^2, q^2 x
+    and q^2 |x|^2 against K^2."""
+    sources, q = sources.astype(jnp.float32), q.astype(jnp.float32)
+    y = strided(targets, chebyshev_model.CHARGE_TARGETS).astype(jnp.float32)
+    dense = functools.partial(backend.dense_few, mode=mode)
     phi, grad = dense(kernel, y, sources, q, True)
     k, d = q.shape[1], sources.shape[1]
     q2 = q * q                                                        # (N, K)
@@ -777,9 +774,8 @@ def within_at_samples(eps: float, kernel, tree, charges, phi, grad, mode):
     None: row 1 True). charges (N, K), phi (M, K), grad (M, K, d), in the
     caller's order."""
     at = strided(jnp.arange(tree.tgt_perm.shape[0]), chebyshev_model.CHARGE_TARGETS)
-    args = (kernel, tree.tgt_sorted[at], tree.src_sorted, charges[tree.src_perm], grad is not None)
-    # jnp: the light scan, compiled into every checked program; else Pallas
-    exact = p2p.dense_few(*args) if mode == "jnp" else backend.dense(*args, mode)
+    exact = backend.dense_few(kernel, tree.tgt_sorted[at], tree.src_sorted,
+                              charges[tree.src_perm], grad is not None, mode)
     caller = tree.tgt_perm[at]
 
     def within(approx, ref):                      # (T, K, ...) -> (K,)
