@@ -293,9 +293,10 @@ def test_charges_choose_the_order(kernel, dim, eps, rng):
     sphere or circle, which cancel in phi's smoothest modes, are within
     eps of a float64 numpy sum at an order no lower than a plan's made
     without charges (the order jit takes, measured 0.8-5.8 eps on such
-    draws), and so are random charges; in 3D at an order no higher than
-    that plan's (in 2D, a random draw whose sum nearly cancels, phi's
-    dominant mode on a circle, may take one more)."""
+    draws), and so are random charges, at most one order above that
+    plan's: a random draw whose sum nearly cancels (phi's smoothest mode)
+    may take one more (in 3D, a sum of -1.8 where |q| sums to 2,069 took
+    7 against 6)."""
     n = 8192
     x = points("sphere", n, rng, dim)
     moments = np.hstack([np.ones((n, 1)), x])
@@ -308,7 +309,7 @@ def test_charges_choose_the_order(kernel, dim, eps, rng):
         phi = jfmm.fmm(jnp.asarray(x), jnp.asarray(c), **opts)
         assert rel(phi, ref) <= eps
         order = jfmm.plan(jnp.asarray(x), charges=jnp.asarray(c), **opts).order
-        assert order >= static.order if higher else order <= static.order + (dim == 2)
+        assert order >= static.order if higher else order <= static.order + 1
 
 
 def test_sums_check_their_charges(rng):
