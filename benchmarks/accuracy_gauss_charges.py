@@ -12,19 +12,30 @@ a float64 numpy sum. Random charges on these points cancel at the targets
 by a ratio that varies from draw to draw (`hermite.Cancellation`); one
 row per (dtype, gradient): the largest and the 99th-percentile relative
 error of phi over the draws, how many exceed eps, and the orders chosen.
+
+    python benchmarks/accuracy_gauss_charges.py --cost 16,18,20,22
+
+What measuring the charges costs instead: 3D Gaussian(4) on uniform
+points, float32 eps 1e-4 and float64 eps 1e-6, potential and gradient;
+per log2 N the median time of the measurement (`configure._gauss_ratios`,
+compiled) beside `Plan.apply` and the plan made with charges=, each after
+one call to compile.
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 
+import jax
 import numpy as np
-from common import Table, parser
+from common import Table, median_time, parser
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from conftest import charges, points, radial_reference, rel  # noqa: E402
 
 import jfmm  # noqa: E402
+from jfmm import configure  # noqa: E402
 from jfmm import kernels as K  # noqa: E402
 
 COLUMNS = [
@@ -34,10 +45,54 @@ COLUMNS = [
 ]
 
 
+COST_COLUMNS = [
+    ("n", "N", ","), ("dtype", "dtype", ""), ("eps", "eps", "g"), ("order", "order", "d"),
+    ("measure_ms", "measuring the charges ms", ".2f"), ("apply_ms", "Plan.apply ms", ".2f"),
+    ("plan_ms", "jfmm.plan(charges=) ms", ".1f"),
+]
+
+
+def cost(sizes: list[int], seed: int, repeats: int, out: str | None) -> None:
+    """The measurement's time beside the sum's (see the module's docstring)."""
+    jax.config.update("jax_disable_most_optimizations", False)      # conftest's, for tests
+    kern = K.Gaussian(4.0)
+    table = Table("Fast Gauss transform: measuring the charges, 3D Gaussian(4), uniform points, "
+                  "potential and gradient", COST_COLUMNS)
+    rng = np.random.default_rng(seed)
+    for log2n in sizes:
+        n = 2 ** log2n
+        for dtype, eps in ((np.float32, 1e-4), (np.float64, 1e-6)):
+            if dtype == np.float64 and not jax.config.jax_enable_x64:
+                continue
+            x = jax.device_put(rng.random((n, 3)).astype(dtype))
+            q = jax.device_put((rng.random((n, 1)) - 0.5).astype(dtype))
+            ratios = lambda: configure._gauss_ratios(kern, x, q, x)        # noqa: E731
+            measure = median_time(ratios, repeats=repeats)
+            made = lambda a, c: jfmm.plan(a, kernel=kern, eps=eps, gradient=True,  # noqa: E731
+                                          family="hermite", charges=c)
+            pl = made(x, q[:, 0])
+            plan_s = []
+            for _ in range(repeats):                     # new arrays: no plan kept for them
+                a, c = jax.block_until_ready((x + 0, q[:, 0] * 1))
+                t0 = time.perf_counter()
+                jax.block_until_ready(made(a, c).tree)
+                plan_s.append(time.perf_counter() - t0)
+            apply = median_time(lambda c: pl.apply(c, gradient=True), q[:, 0], repeats=repeats)
+            table.add(dict(n=n, dtype=np.dtype(dtype).name, eps=eps, order=pl.order,
+                           measure_ms=1e3 * measure, apply_ms=1e3 * apply,
+                           plan_ms=1e3 * float(np.median(plan_s))))
+    table.save(out)
+
+
 def main():
     ap = parser(__doc__)
     ap.add_argument("--draws", type=int, default=200, help="random draws of points and charges")
+    ap.add_argument("--cost", default=None,
+                    help="log2 N, comma-separated: time the measurement instead")
     args = ap.parse_args()
+    if args.cost:
+        cost([int(v) for v in args.cost.split(",")], args.seed, args.repeats, args.out)
+        return
     kern, eps = K.Gaussian(0.3), 1e-4
     errs, orders = {}, {}
     for child in np.random.SeedSequence(args.seed).spawn(args.draws):
