@@ -408,8 +408,7 @@ def _shard(src, src_perm, src_leaf, tgt, tgt_perm, tgt_leaf, q_in, src_start, tg
         loc = passes.downward(mine, mult, family, ops, kernel, p, mode, m2l=window)
         if nest:
             loc = jax.lax.all_gather(loc, axis, tiled=True)
-        far = passes.leaf_l2p(mine, loc, family, p, gradient, mode, leaves=busy,
-                              own=n_dev > 1)
+        far = passes.leaf_l2p(mine, loc, family, p, gradient, mode, leaves=busy)
         out = tuple(a + f for a, f in zip(out, far) if f is not None)
     return _to_callers(out, tgt_perm, axis, n_dev)
 

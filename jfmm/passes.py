@@ -201,14 +201,13 @@ def curl_along(tree, charges, along, kernel: kernels.Kernel, config: Config, ops
 
 
 def leaf_l2p(tree: Tree, loc, family, p: int, gradient: bool, mode: str = "jnp",
-             leaves: int | None = None, own: bool = False):
+             leaves: int | None = None):
     """The leaves' local expansions (n_leaves, K, P) at the sorted targets:
-    phi (M, K), grad (M, K, d) or None; leaves: as in `upward`; own: as in
-    `backend.l2p`."""
+    phi (M, K), grad (M, K, d) or None; leaves: as in `upward`."""
     h = tree.box_side(tree.depth)
     u = (tree.tgt_sorted - tree.leaf_centers(tree.tgt_leaf)) / h
     return backend.l2p(family, u, loc, tree.tgt_start, tree.tgt_leaf, h, p, gradient, mode,
-                       leaves, own)
+                       leaves)
 
 
 def gauss_transform(tree: Tree, q_sorted, kernel: kernels.Gaussian, family, p: int,

@@ -368,19 +368,18 @@ def p2m(family, u, q, start, leaf_of, p: int, mode: str, leaves: int | None = No
 
 
 def l2p(family, u, loc, start, leaf_of, h, p: int, gradient: bool, mode: str,
-        leaves: int | None = None, own: bool = False):
+        leaves: int | None = None):
     """The leaves' local expansions loc (n_leaves, K, P) at their sorted
     targets on backend `mode`: phi (M, K), grad (M, K, d) or None. h: the
     leaves' side, a scalar or one per leaf (n_leaves,); leaves: as in
     `near_field`. The sets the kernels evaluate (`family.l2p_coefficients`:
     1 + d per expansion with the gradient) are made for every leaf at once
-    up to L2P_VALUES values; above, or where `own` (the targets hold few of
-    the leaves: a device's block on a mesh), on the Pallas path per step of
-    tiles for the tiles' own leaves (at 2^29 points, depth 8, every leaf's
-    took 72 GiB)."""
+    up to L2P_VALUES values; above, on the Pallas path, per step of tiles
+    for the tiles' own leaves (at 2^29 points, depth 8, every leaf's took
+    72 GiB)."""
     twin = _family_twin(family, p, mode)
     sets = loc.shape[1] * (1 + u.shape[1] * gradient)
-    if twin is not None and (own or loc.shape[0] * sets * loc.shape[2] > L2P_VALUES):
+    if twin is not None and loc.shape[0] * sets * loc.shape[2] > L2P_VALUES:
         def run(leaf, t0, t1):
             coef = family.l2p_coefficients(jnp.take(loc, leaf, axis=0, mode="fill",
                                                     fill_value=0), p, gradient)
