@@ -175,6 +175,7 @@ def test_the_tree_auto_chooses(rng, monkeypatch):
     assert shallow.config.depth == 2 and shallow.config.tree == "uniform"
     built, real = [], adaptive.plan_tree
     monkeypatch.setattr(adaptive, "plan_tree", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(adaptive, "BOUNDED_LEVELS", 4)       # fewer levels to compile
     held = jnp.asarray(crowded)
     for q in (charges(1000, rng), charges(1000, rng)):
         phi = jfmm.fmm(held, q, **opts)                       # eager: adaptive, kept

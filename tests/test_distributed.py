@@ -53,11 +53,11 @@ def test_laplace3d_every_mesh_size(rng, n_dev, dist):
         widths = spans(x, n_dev)
         assert widths.max() > 10 * widths.min()
     mesh = mesh_of(n_dev)
-    phi, grad = jfmm.fmm(x, q, eps=1e-6, gradient=True, mesh=mesh, tree="uniform", leaf_size=16)
-    one = jfmm.fmm(x, q, eps=1e-6, gradient=True, tree="uniform", leaf_size=16)
+    phi, grad = jfmm.fmm(x, q, eps=1e-4, gradient=True, mesh=mesh, tree="uniform", leaf_size=16)
+    one = jfmm.fmm(x, q, eps=1e-4, gradient=True, tree="uniform", leaf_size=16)
     exact = reference(x, q)
-    assert rel(phi, exact[0]) < 1e-6
-    assert rel(grad, exact[1]) < 1e-6
+    assert rel(phi, exact[0]) < 1e-4
+    assert rel(grad, exact[1]) < 1e-4
     assert rel(phi, np.asarray(one[0])) < 1e-13
     assert rel(grad, np.asarray(one[1])) < 1e-13
     assert phi.sharding.mesh.devices.size == n_dev
@@ -145,8 +145,7 @@ def test_adaptive_tree(rng, kernel, dim):
 
 @pytest.mark.parametrize("kernel,dim,eps,dist", [
     (K.Laplace2D(), 2, 1e-8, "cluster"),
-    pytest.param(K.InverseMultiquadric(2.0), 3, 1e-6, "sphere",
-                 marks=pytest.mark.optimized),     # 3D Chebyshev: 12 s, not 25 s
+    (K.InverseMultiquadric(2.0), 3, 1e-4, "sphere"),
     (K.ThinPlateSpline(), 2, 1e-6, "cube"),
     (K.Gaussian(6.0), 3, 1e-6, "cube"),
 ])
@@ -202,18 +201,18 @@ def test_grad_and_vmap(rng):
     w = rng.standard_normal(m)
 
     def loss(q):
-        return jnp.dot(w, jfmm.fmm(x, q, y, eps=1e-6, mesh=mesh, leaf_size=16))
+        return jnp.dot(w, jfmm.fmm(x, q, y, eps=1e-4, mesh=mesh, leaf_size=16))
 
     got = jax.grad(loss)(jnp.asarray(charges(n, rng)))
-    assert rel(got, reference(y, w, x)[0]) < 1e-6
+    assert rel(got, reference(y, w, x)[0]) < 1e-4
     qs = charges(n, rng, 3).T
-    batched = jax.vmap(lambda q: jfmm.fmm(x, q, y, eps=1e-6, mesh=mesh, leaf_size=16))(qs)
-    assert rel(batched, reference(x, qs.T, y)[0].T) < 1e-6
+    batched = jax.vmap(lambda q: jfmm.fmm(x, q, y, eps=1e-4, mesh=mesh, leaf_size=16))(qs)
+    assert rel(batched, reference(x, qs.T, y)[0].T) < 1e-4
     xs = np.stack([x, points("sphere", n, rng)])               # vmap over point sets
-    sets = jax.vmap(lambda p: jfmm.fmm(p, qs[0], eps=1e-6, mesh=mesh, tree="uniform",
+    sets = jax.vmap(lambda p: jfmm.fmm(p, qs[0], eps=1e-4, mesh=mesh, tree="uniform",
                                        leaf_size=16))(xs)
     for got, p in zip(sets, xs):
-        assert rel(got, reference(p, qs[0])[0]) < 1e-6
+        assert rel(got, reference(p, qs[0])[0]) < 1e-4
 
 
 def test_jit_update_and_placement(rng, monkeypatch):
@@ -243,24 +242,24 @@ def test_jit_update_and_placement(rng, monkeypatch):
         assert rel(phi, reference(x, q)[0]) < 1e-4, kind
         assert phi.sharding.spec == PartitionSpec("x")
         assert taken and all(bool(t) == crowds for t in taken), (kind, taken)
-    pl = jfmm.plan(x, eps=1e-6, mesh=mesh, leaf_size=16)
+    pl = jfmm.plan(x, eps=1e-4, mesh=mesh, leaf_size=16)
     x2 = points("cube", n, rng)
     moved = jax.jit(lambda p, x, q: p.update(x).apply(q))(pl, x2, q)
-    assert rel(moved, reference(x2, q)[0]) < 1e-6
+    assert rel(moved, reference(x2, q)[0]) < 1e-4
     explicit = mesh_of(4, AxisType.Explicit)
     xs, qs = (jax.device_put(jnp.asarray(a), NamedSharding(explicit, PartitionSpec("x")))
               for a in (x, q))
-    got = jfmm.fmm(xs, qs, eps=1e-6, mesh=explicit, leaf_size=16)
-    assert rel(got, reference(x, q)[0]) < 1e-6
+    got = jfmm.fmm(xs, qs, eps=1e-4, mesh=explicit, leaf_size=16)
+    assert rel(got, reference(x, q)[0]) < 1e-4
     assert got.sharding.spec == PartitionSpec("x")
-    moved = jfmm.plan(xs, eps=1e-6, mesh=explicit, leaf_size=16).update(xs).apply(q)
-    assert rel(moved, reference(x, q)[0]) < 1e-6
+    moved = jfmm.plan(xs, eps=1e-4, mesh=explicit, leaf_size=16).update(xs).apply(q)
+    assert rel(moved, reference(x, q)[0]) < 1e-4
     # Python lists, and an array committed to one device, as without a mesh.
-    assert rel(jfmm.fmm(x.tolist(), q.tolist(), eps=1e-6, mesh=mesh, leaf_size=16),
-               reference(x, q)[0]) < 1e-6
+    assert rel(jfmm.fmm(x.tolist(), q.tolist(), eps=1e-4, mesh=mesh, leaf_size=16),
+               reference(x, q)[0]) < 1e-4
     one = jax.device_put(jnp.asarray(x), jax.devices()[0])
-    assert rel(jfmm.fmm(one, q, eps=1e-6, mesh=mesh_of(3), leaf_size=16),
-               reference(x, q)[0]) < 1e-6
+    assert rel(jfmm.fmm(one, q, eps=1e-4, mesh=mesh_of(3), leaf_size=16),
+               reference(x, q)[0]) < 1e-4
 
 
 def test_work_list_windows():
@@ -367,7 +366,7 @@ def test_two_processes(rng):
     assert all(p.returncode == 0 for p in procs), outs
     line = next(v for v in outs[0].splitlines() if v.startswith("errors"))
     errors = [float(v) for v in line.split()[1:]]
-    assert max(errors) < 1e-6, line
+    assert max(errors) < 1e-4, line
 
 
 def test_points_a_device_over_the_mesh(monkeypatch):
