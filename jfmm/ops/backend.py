@@ -372,27 +372,26 @@ def l2p(family, u, loc, start, leaf_of, h, p: int, gradient: bool, mode: str,
     """The leaves' local expansions loc (n_leaves, K, P) at their sorted
     targets on backend `mode`: phi (M, K), grad (M, K, d) or None. h: the
     leaves' side, a scalar or one per leaf (n_leaves,); leaves: as in
-    `near_field`. The sets the kernels evaluate (`family.l2p_coefficients`:
-    1 + d per expansion with the gradient) are made for every leaf at once
-    up to L2P_VALUES values; above, on the Pallas path, per step of tiles
-    for the tiles' own leaves (at 2^29 points, depth 8, every leaf's took
-    72 GiB)."""
+    `near_field`. The jnp path evaluates the sets of `family.l2p_coefficients`
+    (1 + d per expansion with the gradient), made for every leaf at once;
+    the Pallas path takes the leaves' expansions (it makes the sets itself),
+    in steps of tiles for the tiles' own leaves where every leaf's sets
+    would exceed L2P_VALUES values (at 2^29 points, depth 8, they took 72
+    GiB)."""
     twin = _family_twin(family, p, mode)
     sets = loc.shape[1] * (1 + u.shape[1] * gradient)
     if twin is not None and loc.shape[0] * sets * loc.shape[2] > L2P_VALUES:
         def run(leaf, t0, t1):
-            coef = family.l2p_coefficients(jnp.take(loc, leaf, axis=0, mode="fill",
-                                                    fill_value=0), p, gradient)
+            rows = jnp.take(loc, leaf, axis=0, mode="fill", fill_value=0)
             sides = h if jnp.ndim(h) == 0 else jnp.take(h, leaf, mode="fill", fill_value=1)
-            own = jnp.arange(leaf.shape[0], dtype=leaf.dtype)       # tile i: coef[i]
-            return twin.l2p(u, coef, start, sides, p, gradient, mode == "interpret",
+            own = jnp.arange(leaf.shape[0], dtype=leaf.dtype)       # tile i: rows[i]
+            return twin.l2p(u, rows, start, sides, p, gradient, mode == "interpret",
                             tiles=(own, t0, t1))
         return tiles.in_steps(run, start, u.shape[0], twin.TILE, leaves,
                               max_tiles=L2P_VALUES // (sets * loc.shape[2]))
     if twin is not None:
-        coef = family.l2p_coefficients(loc, p, gradient)
         return tiles.in_steps(
-            lambda *t: twin.l2p(u, coef, start, h, p, gradient, mode == "interpret", tiles=t),
+            lambda *t: twin.l2p(u, loc, start, h, p, gradient, mode == "interpret", tiles=t),
             start, u.shape[0], twin.TILE, leaves)
     coef = family.l2p_coefficients(loc, p, gradient)
     m = u.shape[0]

@@ -126,12 +126,18 @@ def p2m(u, q, start, p: int, interpret: bool = False, tiles=None, tile: int = TI
     return out[:n_leaves].reshape(n_leaves, n_k, p * p)
 
 
-def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_out: int, tile: int,
+def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_k: int, n_e: int, tile: int,
                 interpret: bool):
-    """One tile: out[i, o, t] = sum_j c[leaf, o * P + j] Y_j(u_t)."""
+    """One tile: out[i, k E + e, t] = sum_j C_e[k, j] Y_j(u_t). Up to
+    UNROLLED_MAX, c holds the leaf's local coefficients L (K P a leaf) and
+    the sets are made here: C_0 = w L, C_a = w (D_a L) with D_a the sparse
+    derivative maps (`laplace3d._derivative_tables`) and w the pair weights,
+    so that no K E P sets of every leaf are stored; above, c holds the sets
+    (K E P a leaf, `laplace3d.l2p_coefficients` times w)."""
     i = pl.program_id(0)
     t0, leaf = meta_ref[i, 0], meta_ref[i, 1]
     u = [u_ref[a, pl.ds(t0, tile)] for a in range(3)]
+    n_out = n_k * n_e
     acc = [jnp.zeros((tile,), u[0].dtype) for _ in range(n_out)]
     mad = functools.partial(fma, interpret=interpret)
     if p > UNROLLED_MAX:
@@ -145,35 +151,52 @@ def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_out: int, tile: in
         for o in range(n_out):
             out_ref[i, o, :] = acc[o]
         return
+    w = laplace3d._pair_weight(p)
+    idx, coef = laplace3d._derivative_tables(p)
     for j, y in laplace3d.regular_stream(*u, p, mad):
-        for o in range(n_out):
-            acc[o] = mad(c_ref[leaf, o * p * p + j], y, acc[o])
+        for k in range(n_k):
+            loc = functools.partial(lambda col, k: c_ref[leaf, k * p * p + col], k=k)
+            sets = [float(w[j]) * loc(j)]
+            for a in range(n_e - 1):
+                terms = [float(w[j] * c) * loc(int(col))
+                         for col, c in zip(idx[a, j], coef[a, j]) if c != 0]
+                sets.append(functools.reduce(lambda x, t: x + t, terms) if terms else None)
+            for e, c in enumerate(sets):
+                if c is not None:
+                    acc[k * n_e + e] = mad(c, y, acc[k * n_e + e])
     for o in range(n_out):
         out_ref[i, o, :] = acc[o]
 
 
-def l2p(u, coef, start, h, p: int, gradient: bool, interpret: bool = False, tiles=None):
+def l2p(u, loc, start, h, p: int, gradient: bool, interpret: bool = False, tiles=None):
     """Evaluate the leaves' local expansions at their targets.
 
-    u: (M, 3) sorted scaled target positions; coef: (n_leaves, K, E, P) from
-    `laplace3d.l2p_coefficients`; start: (n_leaves + 2,) target leaf ranges;
-    h: leaf side, a scalar or one per leaf (n_leaves,); tiles: as in `p2m`,
-    whose leaf entries index coef and h (one row a tile where a caller made
-    the sets per tile). Returns phi (M, K), grad (M, K, 3) or None, sorted
-    order.
+    u: (M, 3) sorted scaled target positions; loc: (n_leaves, K, P) local
+    expansions; start: (n_leaves + 2,) target leaf ranges; h: leaf side, a
+    scalar or one per leaf (n_leaves,); tiles: as in `p2m`, whose leaf
+    entries index loc and h (one row a tile where a caller gathered the
+    tiles' own). Returns phi (M, K), grad (M, K, 3) or None, sorted order.
+    The gradient's coefficient sets are made per tile inside the kernel up
+    to UNROLLED_MAX (stored for every leaf, they were the largest of a
+    sum's temporaries: 604 MB at 2^24 points, twice); above, here.
     """
     m = u.shape[0]
-    n_leaves, n_k, n_e, n_p = coef.shape
+    n_leaves, n_k, n_p = loc.shape
+    n_e = 4 if gradient else 1
     leaf, t0, t1 = p2p.leaf_tiles(start, m, TILE) if tiles is None else tiles
     meta = jnp.stack([t0, leaf], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
-    c = (coef * jnp.asarray(laplace3d._pair_weight(p), coef.dtype)).reshape(n_leaves, -1)
+    if p > UNROLLED_MAX:
+        coef = laplace3d.l2p_coefficients(loc, p, gradient)
+        c = (coef * jnp.asarray(laplace3d._pair_weight(p), coef.dtype)).reshape(n_leaves, -1)
+    else:
+        c = loc.reshape(n_leaves, -1)
     c = jnp.concatenate([c, jnp.zeros((1, c.shape[1]), c.dtype)])   # sentinel leaf
-    n_out = n_k * n_e
-    body = functools.partial(_l2p_kernel, p=p, n_out=n_out, tile=TILE, interpret=interpret)
+    body = functools.partial(_l2p_kernel, p=p, n_k=n_k, n_e=n_e, tile=TILE, interpret=interpret)
     out = pl.pallas_call(
-        body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_out, TILE), u.dtype), grid=(n_tiles,),
-        interpret=interpret, compiler_params=compiler_params(NUM_WARPS, interpret),
+        body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_k * n_e, TILE), u.dtype),
+        grid=(n_tiles,), interpret=interpret,
+        compiler_params=compiler_params(NUM_WARPS, interpret),
     )(meta, p2p.pad_rows(u, TILE).T, c)
     out = jnp.transpose(out.reshape(n_tiles, n_k, n_e, TILE), (0, 3, 1, 2))  # (tiles, T, K, E)
     h = jnp.asarray(h, u.dtype)

@@ -46,7 +46,7 @@ def test_p2m_l2p_match_jnp(kind, n_src, n_tgt, k, p, gradient, dtype, rolled, rn
 
     loc = jnp.asarray(rng.normal(size=(t.n_leaves, k, p * p)), dtype)
     v = (t.tgt_sorted - t.leaf_centers(t.tgt_leaf)) / h
-    if kind == "cube":          # the L2P in steps of 5 tiles, coefficient sets made per step
+    if kind == "cube":          # the L2P in steps of 5 tiles, the tiles' leaves gathered per step
         monkeypatch.setattr(backend, "L2P_VALUES", 5 * k * (1 + 3 * gradient) * p * p)
     args = (L, v, loc, t.tgt_start, t.tgt_leaf, h, p, gradient)
     want, got = backend.l2p(*args, "jnp"), backend.l2p(*args, "interpret", leaves)
