@@ -408,9 +408,9 @@ def l2p(family, u, loc, start, leaf_of, h, p: int, gradient: bool, mode: str,
     return phi, (grad.reshape((-1,) + grad.shape[2:])[:m] if gradient else None)
 
 
-# The most coefficient sets' values the Pallas L2P makes at once (and as
-# many again weighted for its kernel): every leaf's up to 2^24 points at p =
-# 12 (1.5e8), in steps of tiles above.
+# Above this many values of every leaf's coefficient sets the Pallas L2P
+# runs in steps of tiles, gathering the tiles' own leaves' expansions (every
+# leaf's sets at once up to 2^24 points at p = 12, 1.5e8).
 L2P_VALUES = 2 ** 29
 
 
