@@ -155,12 +155,12 @@ def _l2p_kernel(meta_ref, u_ref, c_ref, out_ref, *, p: int, n_k: int, n_e: int, 
     idx, coef = laplace3d._derivative_tables(p)
     for j, y in laplace3d.regular_stream(*u, p, mad):
         for k in range(n_k):
-            loc = functools.partial(lambda col, k: c_ref[leaf, k * p * p + col], k=k)
-            sets = [float(w[j]) * loc(j)]
+            base = k * p * p
+            sets = [float(w[j]) * c_ref[leaf, base + j]]
             for a in range(n_e - 1):
-                terms = [float(w[j] * c) * loc(int(col))
+                terms = [float(w[j] * c) * c_ref[leaf, base + int(col)]
                          for col, c in zip(idx[a, j], coef[a, j]) if c != 0]
-                sets.append(functools.reduce(lambda x, t: x + t, terms) if terms else None)
+                sets.append(sum(terms[1:], terms[0]) if terms else None)
             for e, c in enumerate(sets):
                 if c is not None:
                     acc[k * n_e + e] = mad(c, y, acc[k * n_e + e])
@@ -176,9 +176,9 @@ def l2p(u, loc, start, h, p: int, gradient: bool, interpret: bool = False, tiles
     scalar or one per leaf (n_leaves,); tiles: as in `p2m`, whose leaf
     entries index loc and h (one row a tile where a caller gathered the
     tiles' own). Returns phi (M, K), grad (M, K, 3) or None, sorted order.
-    The gradient's coefficient sets are made per tile inside the kernel up
-    to UNROLLED_MAX (stored for every leaf, they were the largest of a
-    sum's temporaries: 604 MB at 2^24 points, twice); above, here.
+    Up to UNROLLED_MAX the kernel makes the gradient's coefficient sets
+    per tile (stored for every leaf, they were the largest of a sum's
+    temporaries: 604 MB at 2^24 points, twice); above, they are made here.
     """
     m = u.shape[0]
     n_leaves, n_k, n_p = loc.shape
