@@ -622,20 +622,31 @@ def uses_charges(kernel, sources, targets, family, order, eps=None, leaf_size=No
     and the points' shapes and dtype (decided without the charges): not
     below the direct sum's crossover, where their sums would cost more
     than the call."""
+    return _charge_measure(kernel, sources, targets, family, order, eps, leaf_size,
+                           tree) is not None
+
+
+def _charge_measure(kernel, sources, targets, family, order, eps, leaf_size, tree):
+    """What `charged` measures: "gauss" where the fast Gauss transform is
+    tried (`hermite.Cancellation`), "chebyshev" for the Chebyshev
+    estimate's moments, or None (see `uses_charges`)."""
     kernel = known_kernel(kernel)
     fam = _check_family(family)
     (n_src, dim), dtype = sources.shape, sources.dtype
     n_tgt = n_src if targets is None else targets.shape[0]
     eps = default_eps(kernel, dim, dtype, fam) if eps is None else eps
-    chebyshev = (fam != "hermite" and _tree_family(kernel, dim, fam)[1] is chebyshev_model
-                 and not (fam == "auto" and (_cored(kernel, dim)
-                                             or isinstance(kernel, _kernels.Gaussian))))
     # The parameters' values, not Kernel.is_concrete: that evaluates the
     # kernel, a device call on every eager call.
-    return (order is None and (chebyshev or _tries_gauss(kernel, fam, dtype, eps))
-            and all(concrete(v) for v in jax.tree_util.tree_leaves(kernel))
-            and not _direct(kernel, dim, dtype, n_src, n_tgt, eps, order, leaf_size, family,
-                            tree))
+    if (order is not None or not all(concrete(v) for v in jax.tree_util.tree_leaves(kernel))
+            or _direct(kernel, dim, dtype, n_src, n_tgt, eps, order, leaf_size, family, tree)):
+        return None
+    if _tries_gauss(kernel, fam, dtype, eps):
+        return "gauss"
+    if (fam != "hermite" and _tree_family(kernel, dim, fam)[1] is chebyshev_model
+            and not (fam == "auto" and (_cored(kernel, dim)
+                                        or isinstance(kernel, _kernels.Gaussian)))):
+        return "chebyshev"
+    return None
 
 
 def _tries_gauss(kernel, family: str, dtype, eps: float) -> bool:
@@ -677,12 +688,13 @@ def charged(sources, targets, kernel, q, family, order, eps=None, leaf_size=None
     pts = [sources] + ([] if targets is None else [targets])
     if (_compat.tracing() or not concrete(q)
             or not all(isinstance(x, jax.Array) and concrete(x)
-                       and jnp.issubdtype(x.dtype, jnp.floating) for x in pts)
-            or not uses_charges(kernel, sources, targets, family, order, eps, leaf_size,
-                                tree)):
+                       and jnp.issubdtype(x.dtype, jnp.floating) for x in pts)):
+        return None
+    measure = _charge_measure(kernel, sources, targets, family, order, eps, leaf_size, tree)
+    if measure is None:
         return None
     kernel = known_kernel(kernel)
-    if isinstance(kernel, _kernels.Gaussian):
+    if measure == "gauss":
         ratios = _gauss_ratios(kernel, sources, q, sources if targets is None else targets)
         # Up to a power of sqrt(2), at least 1 (NaN: 1): like charges share a configuration.
         return hermite_model.Cancellation(*(float(2.0 ** (np.ceil(2 * np.log2(r)) / 2))
