@@ -7,7 +7,7 @@ import sys
 import jax
 import pytest
 
-from jfmm import _cache
+from jfmm import _cache, _xla
 
 SCRIPT = """
 import os, sys
@@ -87,8 +87,6 @@ def test_once_compiles_lean_at_the_top_and_plainly_inside_traces(monkeypatch):
     import jax.numpy as jnp
     import numpy as np
 
-    from jfmm import _xla
-
     f = _xla.once(lambda x, k: jnp.sin(x) * k, static_argnums=(1,))
     x = jnp.linspace(0.0, 1.0, 5)
     want = np.sin(np.linspace(0.0, 1.0, 5)) * 3
@@ -104,3 +102,24 @@ def test_once_compiles_lean_at_the_top_and_plainly_inside_traces(monkeypatch):
     assert _xla._once_cpu == [True]                 # nested: the option never tried
     np.testing.assert_allclose(g(x), 2 * np.asarray(x))
     assert _xla._once_cpu == [False]
+
+
+@pytest.mark.parametrize("backend, env, warns", [
+    ("gpu", {}, True), ("cpu", {}, False),
+    ("gpu", {"JFMM_TRITON_GEMM": "1"}, False),
+    ("gpu", {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=true"}, False),
+])
+def test_a_gpu_started_before_import_is_told(monkeypatch, backend, env, warns):
+    """Where a GPU backend started before `import jfmm`, the flag cannot
+    reach XLA any more: `_xla.enable` says so, unless the user chose."""
+    import warnings
+    for key in ("XLA_FLAGS", "JFMM_TRITON_GEMM"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(_xla.xla_bridge, "backends_are_initialized", lambda: True)
+    monkeypatch.setattr(_xla.jax, "default_backend", lambda: backend)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert not _xla.enable()
+    assert [str(w.message) for w in seen] == ([_xla.LATE] if warns else [])
