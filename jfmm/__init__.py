@@ -8,3 +8,4 @@ __version__ = "0.1.0"
 
 _cache.enable()
 _xla.enable()
+_xla.bind_triton_dialect()

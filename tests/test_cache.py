@@ -123,3 +123,36 @@ def test_a_gpu_started_before_import_is_told(monkeypatch, backend, env, warns):
         warnings.simplefilter("always")
         assert not _xla.enable()
     assert [str(w.message) for w in seen] == ([_xla.LATE] if warns else [])
+
+
+def test_pallas_lowering_finds_the_triton_dialect_at_once():
+    """Lowering a Pallas kernel for a GPU (on the CPU) never searches for a
+    module of Triton's dialect: `import jfmm` bound its name
+    (`_xla.bind_triton_dialect`), which MLIR's bindings otherwise look for
+    on every operation's result."""
+    import importlib.abc
+
+    import jax.numpy as jnp
+
+    from jfmm.ops import backend
+    from jfmm.ops import laplace3d as L
+    from jfmm.tree import build
+
+    searched = []
+
+    class Log(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            searched.append(name)
+
+    t = build(jnp.linspace(0, 1, 192, dtype=jnp.float32).reshape(64, 3), None, 2)
+    loc = jnp.zeros((t.n_leaves, 1, 16), jnp.float32)
+    ev = jax.jit(lambda a, c: backend.l2p(L, a, c, t.tgt_start, t.tgt_leaf, 0.25, 4, True,
+                                          "pallas"))
+    traced = ev.trace(jnp.zeros((64, 3), jnp.float32), loc)
+    sys.meta_path.insert(0, Log())
+    try:
+        traced.lower(lowering_platforms=("cuda",))
+    finally:
+        sys.meta_path.pop(0)
+    assert sys.modules[_xla.TRITON_DIALECT].__name__.endswith("triton.dialect")
+    assert _xla.TRITON_DIALECT not in searched
