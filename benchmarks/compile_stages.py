@@ -13,6 +13,12 @@ points with the relative L2 errors of phi and grad phi on 1,000 targets
 against a float64 direct sum. With --passes (its own process): each pass
 of the traced adaptive tree (bounded capacities, cube points) jitted alone,
 its trace + lower + compile seconds ("pass" rows).
+
+With --lower-for cuda the call is traced with a GPU's choices (the Pallas
+backend, `jax.default_backend()` answering "gpu") and lowered for that
+platform only, on any machine (a CPU lowers as a GPU's host does): trace,
+lower and Pallas seconds, no XLA time, run or errors. --unbound undoes
+`jfmm._xla.bind_triton_dialect` first (the lowering before it).
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ import numpy as np
 from common import (Table, make_points, median_time, parser, reference, rel, sample)
 
 import jfmm
-from jfmm import api, configure, passes
+from jfmm import _xla, api, configure, passes
 from jfmm.ops import backend
 from jfmm.tree import adaptive
 
@@ -38,7 +44,7 @@ COLUMNS = [
     ("tree", "tree", ""), ("n", "N", ","), ("dtype", "dtype", ""),
     ("trace_s", "trace s", ".2f"), ("lower_s", "lower s", ".2f"),
     ("pallas_s", "of it Pallas s", ".2f"), ("xla_s", "XLA s", ".2f"),
-    ("total_s", "total s", lambda r: f"**{r['total_s']:.1f}**"),
+    ("total_s", "total s", lambda r: "-" if r["total_s"] is None else f"**{r['total_s']:.1f}**"),
     ("cube_ms", "cube ms", ".2f"), ("plummer_ms", "Plummer ms", ".2f"),
     ("err_phi", "err phi (cube, Plummer)", ""), ("err_grad", "err grad", ""),
 ]
@@ -83,6 +89,16 @@ def one_tree(args, tree: str) -> dict:
     jnp.zeros(1).block_until_ready()              # the backend's start, apart
     f = jax.jit(lambda x, q: jfmm.fmm(x, q, eps=eps, gradient=True, tree=tree))
     shapes = jax.ShapeDtypeStruct((n, 3), dtype), jax.ShapeDtypeStruct((n,), dtype)
+    if args.lower_for:
+        t0 = time.perf_counter()
+        traced = f.trace(*shapes)
+        t1 = time.perf_counter()
+        traced.lower(lowering_platforms=(args.lower_for,))
+        return dict(tree=tree, n=n, dtype=args.dtype, eps=eps, trace_s=t1 - t0,
+                    lower_s=time.perf_counter() - t1, pallas_s=sum(log.values()),
+                    pallas={k: round(v, 3) for k, v in log.items()}, xla_s=None, total_s=None,
+                    lower_for=args.lower_for, bound=not args.unbound,
+                    err_phi=None, err_grad=None)
     compiled, trace_s, lower_s, xla_s = staged(f, *shapes)
     row = dict(tree=tree, n=n, dtype=args.dtype, eps=eps, trace_s=trace_s, lower_s=lower_s,
                pallas_s=sum(log.values()) if log else None,
@@ -166,8 +182,17 @@ def main():
     ap.add_argument("--eps", type=float, default=1e-5)
     ap.add_argument("--trees", default="auto,adaptive,uniform")
     ap.add_argument("--passes", action="store_true", help="each pass compiled alone")
+    ap.add_argument("--lower-for", default=None, metavar="PLATFORM",
+                    help="trace with a GPU's choices and lower for PLATFORM only (cuda)")
+    ap.add_argument("--unbound", action="store_true",
+                    help="with --lower-for: without jfmm's binding of Triton's dialect module")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.lower_for:
+        jax.default_backend = lambda: "gpu"       # configure's choices are a GPU's
+        backend.set_backend("pallas")
+        if args.unbound:                          # before any lowering searched for it
+            del sys.modules[_xla.TRITON_DIALECT]
     if args.dtype == "float64":           # float32 runs as users' do, without x64
         jax.config.update("jax_enable_x64", True)
     if args.one:                                   # the child process: one JSON row
