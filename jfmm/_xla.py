@@ -104,8 +104,9 @@ def once(fun=None, **jit_kwargs):
 # jaxlib.mlir.dialects.tt and two more names (9,274 times for one small
 # uniform tree). With that name bound to the dialect's own module the
 # first search succeeds. `jax.jit` of `jfmm.fmm` lowered for a GPU on 2^20
-# points (on the 2-core CPU, which lowers as a GPU host does): 6.8-7.0 ->
-# 4.0-4.2 s, the Pallas kernels 4.0 -> 1.1 s, the same module text.
+# points (on the 2-core CPU, which lowers as a GPU's host does): 6.1 ->
+# 4.0 s, the Pallas kernels 3.2 -> 1.0 s, the same module text
+# (docs/BENCHMARKS.md, "Lowering for a GPU, measured on the CPU").
 TRITON_DIALECT = "jaxlib.mlir.dialects.tt"
 
 
