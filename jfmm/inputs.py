@@ -89,13 +89,20 @@ def _same(raw, x) -> bool:
     return isinstance(raw, np.ndarray) and raw.dtype == x.dtype
 
 
+@jax.jit
+def _all_finite(x):
+    """One program per shape, not an isfinite and a reduction (each a GPU
+    compilation of a first call)."""
+    return jnp.all(jnp.isfinite(x))
+
+
 def _finite(x) -> bool:
     """Whether every value of a concrete array is finite (numpy arrays on
     the host, jax arrays on their device)."""
     if isinstance(x, np.ndarray):
         return bool(np.isfinite(x).all())
     with jax.ensure_compile_time_eval():             # eager even inside a jit trace
-        return bool(jnp.all(jnp.isfinite(x)))
+        return bool(_all_finite(x))
 
 
 def working_dtype(*points):
