@@ -151,3 +151,34 @@ def test_float64_logarithm_against_numpy(rng):
     unit = x[200_000:201_000]
     d = jax.vmap(jax.grad(kernels._log64))(jnp.asarray(unit))
     np.testing.assert_allclose(d, 1 / unit, rtol=1e-15)
+
+
+def test_is_concrete_sees_tracers_in_parameters_and_closures():
+    """Kernel.is_concrete: False where a parameter or a Radial fn's closure
+    holds a tracer (inside jit), True otherwise; jfmm's own kernels answer
+    from their parameters alone."""
+    scale = 2.0
+    assert kernels.get("gaussian", epsilon=1.5).is_concrete()
+    assert kernels.Radial(lambda r: jnp.exp(-scale * r)).is_concrete()
+    seen = []
+
+    @jax.jit
+    def f(eps):
+        seen.append((kernels.Gaussian(epsilon=eps).is_concrete(),
+                     kernels.Radial(lambda r: jnp.exp(-eps * r)).is_concrete(),
+                     kernels.Laplace3D().is_concrete()))
+        return eps
+
+    f(1.0)
+    assert seen == [(False, False, True)]
+
+
+def test_a_radial_fn_closing_over_a_tracer_is_refused(rng):
+    """A Radial fn that closes over a traced value raises a TypeError that
+    says what to do, in fmm, plan and direct alike."""
+    x = jnp.asarray(rng.random((50, 3)))
+    q = jnp.asarray(rng.random(50) - 0.5)
+    for call in (lambda k: jfmm.fmm(x, q, kernel=k, eps=1e-4), lambda k: jfmm.plan(x, kernel=k),
+                 lambda k: jfmm.direct(x, q, kernel=k)):
+        with pytest.raises(TypeError, match="closes over a traced value"):
+            jax.jit(lambda e: call(kernels.Radial(lambda r: jnp.exp(-e * r))))(1.0)
