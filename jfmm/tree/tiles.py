@@ -79,8 +79,10 @@ def in_steps(run, start, n_points: int, tile: int, leaves: int | None, active=No
     tiles (a device's sum from another's sources, which neighbour few of
     its leaves). max_tiles (static): no step runs more tiles than this
     (a run whose temporaries grow with its tiles). `run` is traced once,
-    inside the loop: a GPU compiles each Pallas kernel a trace holds while
-    lowering it."""
+    for the sums' shapes, and that trace runs inside the loop: a GPU
+    compiles each Pallas kernel a trace holds while lowering it, and
+    tracing the unrolled kernels is most of a first call's lowering (jit
+    of fmm at 2^20 lowered for a GPU: 4.0 -> 3.8 s against tracing twice)."""
     nleaf = start.shape[0] - 2
     if active is not None:
         leaf, t0, t1 = leaf_tiles(start, n_points, tile)
@@ -106,7 +108,8 @@ def in_steps(run, start, n_points: int, tile: int, leaves: int | None, active=No
         used = _per_leaf(start, tile)[1][-1]
         part = lambda first: run(*leaf_tiles(start, n_points, tile, first=first,  # noqa: E731
                                              count=step))
+    part = jax.jit(part)                    # its trace for eval_shape serves the loop
     add = lambda first, acc: jax.tree_util.tree_map(jnp.add, acc, part(first))  # noqa: E731
     zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
-                                   jax.eval_shape(part, 0))
+                                   jax.eval_shape(part, jax.ShapeDtypeStruct((), jnp.int32)))
     return until(used, total, step, add, zeros)
