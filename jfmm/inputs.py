@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jfmm import kernels
+from jfmm import _compat, kernels
 from jfmm.configure import concrete
 
 
@@ -30,7 +30,8 @@ def kernel_of(kernel) -> kernels.Kernel:
         raise TypeError(f"kernel must be a jfmm.kernels.Kernel or the name of one without "
                         f"parameters, got {type(kernel).__name__}; jfmm.kernels.get(name, "
                         f"**params) builds any of them")
-    if isinstance(kernel, kernels.Radial) and not kernel.is_concrete():
+    # Only a trace can hold a tracer: eager calls skip the kernel's evaluation.
+    if isinstance(kernel, kernels.Radial) and _compat.tracing() and not kernel.is_concrete():
         raise TypeError("this Radial kernel's fn closes over a traced value (a jit, grad or "
                         "vmap argument): a Radial fn's parameters must be constants; for "
                         "traced or differentiable ones subclass jfmm.kernels.Kernel with "

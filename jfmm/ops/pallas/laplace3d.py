@@ -188,7 +188,7 @@ def l2p(u, loc, start, h, p: int, gradient: bool, interpret: bool = False, tiles
     # (`tiles.leaf_tiles`), so what they make is dropped: they may read the
     # last leaf rather than a zero row appended to every leaf's
     # coefficients (a copy of them all: 151 MB at 2^24 points).
-    leaf = jnp.minimum(leaf, max(n_leaves - 1, 0))
+    leaf = jnp.minimum(leaf, n_leaves - 1)
     meta = jnp.stack([t0, leaf], axis=1).astype(jnp.int32)
     n_tiles = meta.shape[0]
     if p > UNROLLED_MAX:
@@ -196,8 +196,6 @@ def l2p(u, loc, start, h, p: int, gradient: bool, interpret: bool = False, tiles
         c = (coef * jnp.asarray(laplace3d._pair_weight(p), coef.dtype)).reshape(n_leaves, -1)
     else:
         c = loc.reshape(n_leaves, -1)
-    if not n_leaves:
-        c = jnp.zeros((1, c.shape[1]), c.dtype)
     body = functools.partial(_l2p_kernel, p=p, n_k=n_k, n_e=n_e, tile=TILE, interpret=interpret)
     out = pl.pallas_call(
         body, out_shape=jax.ShapeDtypeStruct((n_tiles, n_k * n_e, TILE), u.dtype),
@@ -207,7 +205,7 @@ def l2p(u, loc, start, h, p: int, gradient: bool, interpret: bool = False, tiles
     out = jnp.transpose(out.reshape(n_tiles, n_k, n_e, TILE), (0, 3, 1, 2))  # (tiles, T, K, E)
     h = jnp.asarray(h, u.dtype)
     if h.ndim:                                          # one side per leaf
-        h = jnp.take(h, leaf, mode="fill", fill_value=1)[:, None, None]
+        h = h[leaf][:, None, None]
     phi, grad = p2p.scatter_tiles(out[..., 0] / h,
                                   out[..., 1:] / (h * h)[..., None] if gradient else None,
                                   t0, t1, m)
